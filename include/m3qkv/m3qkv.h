@@ -1,0 +1,239 @@
+/*
+ * m3qkv — MiniMax-M3 attention pre-processing in one kernel.
+ *
+ *   [q | k | v | index_q | index_k] = x · Wᵀ        (MXFP8 GEMM, f32 accumulator)
+ *   q, k, index_q, index_k: Gemma RMSNorm + partial NeoX RoPE (64 of 128 columns)
+ *   q -> bf16 and/or e4m3; index_q -> e4m3; k, v, index_k -> NVFP4 paged caches.
+ *
+ * Public C API (C99). Every entry point validates all of its arguments before
+ * anything is launched and returns a status; m3qkv_last_error() gives a
+ * thread-local message naming the offending argument and its value. Nothing
+ * aborts, asserts or throws across this boundary.
+ *
+ * Conventions used in the field documentation below:
+ *   M  tokens (rows of x),          K  hidden size (K % 128 == 0),
+ *   D  = 128 head dim,              N  = (nq + 2·nkv + niq + nik) · 128,
+ *   "device" = a CUDA device pointer, "host" = a value passed by value.
+ * All tensors are contiguous row-major unless a stride is given.
+ */
+#ifndef M3QKV_M3QKV_H_
+#define M3QKV_M3QKV_H_
+
+#include <stddef.h>
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+
+#if defined(_WIN32)
+#define M3QKV_API
+#else
+#define M3QKV_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define M3QKV_VERSION_MAJOR 0
+#define M3QKV_VERSION_MINOR 1
+#define M3QKV_VERSION_PATCH 0
+
+/* Head dimension and NVFP4 cache geometry (SPEC §4). */
+#define M3QKV_HEAD_DIM 128
+#define M3QKV_NVFP4_SLOT_BYTES_PER_TOKEN 72 /* 64 data bytes + 8 scale bytes */
+
+typedef enum m3qkv_status {
+  M3QKV_SUCCESS = 0,
+  /* An argument has a value outside its documented domain (e.g. eps < 0,
+     a negative scale, cta_group = 3, use_pdl = 7). */
+  M3QKV_ERROR_INVALID_ARGUMENT = 1,
+  /* A pointer or a stride is not aligned as its field documents. */
+  M3QKV_ERROR_MISALIGNED = 2,
+  /* No backend for this device (compute capability < 8.0, or the library was
+     built without a target for it). */
+  M3QKV_ERROR_UNSUPPORTED_DEVICE = 3,
+  /* A CUDA runtime or driver call failed; the message carries its name. */
+  M3QKV_ERROR_CUDA_ERROR = 4,
+  /* A required pointer (args, an input or an output) is NULL. */
+  M3QKV_ERROR_NULL_POINTER = 5,
+  /* args->struct_size does not equal sizeof the struct this library knows. */
+  M3QKV_ERROR_STRUCT_SIZE = 6,
+  /* A shape or head-count rule of SPEC §2 fails (K % 128, nq % nkv,
+     niq ∈ {0, nkv}, nik ∈ {0, 1}, block_size % 4, page strides, sizes). */
+  M3QKV_ERROR_INVALID_SHAPE = 7,
+  /* A size computation would overflow 64-bit arithmetic or a kernel limit. */
+  M3QKV_ERROR_TOO_LARGE = 8,
+  /* A bug in m3qkv (should never be returned). */
+  M3QKV_ERROR_INTERNAL = 9
+} m3qkv_status;
+
+typedef enum m3qkv_backend_kind {
+  M3QKV_BACKEND_NONE = 0,     /* no GPU backend for this device */
+  M3QKV_BACKEND_PORTABLE = 1, /* CC >= 8.0: mma.sync kernels, unfused-capable */
+  M3QKV_BACKEND_SM90 = 2,     /* CC 9.0: TMA + wgmma fused kernel */
+  M3QKV_BACKEND_SM100 = 3     /* CC 10.x: tcgen05 fused kernel */
+} m3qkv_backend_kind;
+
+/* Bits set (atomicOr) in *error_flags by the device-side guards (SPEC §6). */
+#define M3QKV_FLAG_SLOT_OUT_OF_RANGE 0x1u       /* slot_mapping[t] >= num_blocks·block_size: not written */
+#define M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE 0x2u /* index_slot_mapping[t] >= num_index_blocks·block_size */
+#define M3QKV_FLAG_POSITION_OUT_OF_RANGE 0x4u   /* positions[t] outside [0, max_position): clamped for the read */
+
+/*
+ * Arguments of m3qkv_fused_qkv: the fused projection + epilogue.
+ * Start with `size_t struct_size = sizeof(m3qkv_fused_args)`; zero-initialize
+ * the rest before filling it (memset or `= {0}`), so that fields added in a
+ * later version read as their defaults.
+ */
+typedef struct m3qkv_fused_args {
+  size_t struct_size; /* = sizeof(m3qkv_fused_args) */
+
+  /* ---- shapes (host) ---- */
+  int64_t m;   /* tokens, >= 0; 0 is a no-op */
+  int64_t k;   /* hidden size, > 0, multiple of 128 (MiniMax-M3: 6144) */
+  int32_t nq;  /* query heads, >= 1, multiple of nkv */
+  int32_t nkv; /* KV heads, >= 1 */
+  int32_t niq; /* index-query heads: 0 or nkv */
+  int32_t nik; /* index-key heads: 0 or 1 */
+
+  /* ---- GEMM operands (device) ---- */
+  const void* xq;  /* e4m3 [M, K], 16-B aligned */
+  const void* xsf; /* e8m0 bytes, F8_128x4 swizzle of [M, K/32], ceil(M/128)·128 · ceil(K/128)·4 bytes, 16-B aligned */
+  const void* wq;  /* e4m3 [N, K] K-major, rows [q×nq | k×nkv | v×nkv | index_q×niq | index_k×nik]·128, 16-B aligned */
+  const void* wsf; /* e8m0 bytes, F8_128x4 swizzle of [N, K/32], 16-B aligned */
+
+  /* ---- epilogue inputs (device unless noted) ---- */
+  const int64_t* positions;  /* int64 [M] RoPE positions, 8-B aligned */
+  int64_t max_position;      /* host: rows of cos_sin_cache, >= 1 */
+  const void* cos_sin_cache; /* bf16 [max_position, 64], row = [cos 0..31 | sin 0..31], 16-B aligned */
+  const void* q_norm_weight;       /* bf16 [128], Gemma scale (1 + w), 16-B aligned */
+  const void* k_norm_weight;       /* bf16 [128], 16-B aligned */
+  const void* index_q_norm_weight; /* bf16 [128], required when niq > 0 */
+  const void* index_k_norm_weight; /* bf16 [128], required when nik > 0 */
+  float eps;                       /* host: RMSNorm epsilon, finite, >= 0 (M3: 1e-6) */
+
+  const int64_t* slot_mapping;       /* int64 [M]: KV slot per token, < 0 = skip, 8-B aligned */
+  const int64_t* index_slot_mapping; /* int64 [M]: index-cache slot, < 0 = skip; required when nik > 0 */
+
+  void* kv_cache;         /* uint8 pages [num_blocks][2·nkv][block_size][72], 16-B aligned */
+  int64_t kv_page_stride; /* host: bytes between pages, % 32 == 0, >= 2·nkv·block_size·72 */
+  int64_t num_blocks;     /* host: pages in kv_cache, >= 1 */
+  void* index_cache;         /* uint8 pages [num_index_blocks][block_size][72]; required when nik > 0 */
+  int64_t index_page_stride; /* host: % 32 == 0, >= block_size·72 (when nik > 0) */
+  int64_t num_index_blocks;  /* host: >= 1 when nik > 0 */
+  int32_t block_size;        /* host: tokens per page, > 0, % 4 == 0 (M3: 128) */
+
+  /* ---- outputs (device; at least one of q_out / q_fp8_out) ---- */
+  void* q_out;       /* bf16 [M, nq·128] or NULL, 16-B aligned */
+  void* q_fp8_out;   /* e4m3 [M, nq·128] or NULL, 16-B aligned */
+  void* index_q_out; /* e4m3 [M, niq·128], required when niq > 0, 16-B aligned */
+
+  /* ---- dequantization scales (host, finite, > 0) ---- */
+  float q_fp8_scale; /* q_fp8_out = e4m3(y / q_fp8_scale); checked only when q_fp8_out != NULL */
+  float k_scale;     /* NVFP4 k = value / k_scale before the block quantizer */
+  float v_scale;     /* NVFP4 v likewise */
+
+  /* ---- launch options (host) ---- */
+  int32_t cta_group; /* SM100 only: 0 = auto, 1 or 2; other backends accept 0, 1, 2 and ignore it */
+  int32_t use_pdl;   /* 0 or 1: programmatic dependent launch attribute */
+  int32_t grid;      /* persistent grid size, 0 = auto, else >= 1 */
+  uint32_t* error_flags; /* device, optional: M3QKV_FLAG_* bits are OR-ed in; 4-B aligned */
+} m3qkv_fused_args;
+
+/*
+ * Arguments of m3qkv_qknorm_rope_kv_insert: the epilogue alone, on a bf16
+ * projection (the vLLM-style unfused path). Same fields and rules as
+ * m3qkv_fused_args minus the GEMM operands, K and cta_group.
+ */
+typedef struct m3qkv_insert_args {
+  size_t struct_size; /* = sizeof(m3qkv_insert_args) */
+  int64_t m;
+  int32_t nq;
+  int32_t nkv;
+  int32_t niq;
+  int32_t nik;
+  const void* qkv; /* bf16 [M, N] row-major, 16-B aligned; the epilogue reads float(bf16) */
+
+  const int64_t* positions;
+  int64_t max_position;
+  const void* cos_sin_cache;
+  const void* q_norm_weight;
+  const void* k_norm_weight;
+  const void* index_q_norm_weight;
+  const void* index_k_norm_weight;
+  float eps;
+  const int64_t* slot_mapping;
+  const int64_t* index_slot_mapping;
+  void* kv_cache;
+  int64_t kv_page_stride;
+  int64_t num_blocks;
+  void* index_cache;
+  int64_t index_page_stride;
+  int64_t num_index_blocks;
+  int32_t block_size;
+  void* q_out;
+  void* q_fp8_out;
+  void* index_q_out;
+  float q_fp8_scale;
+  float k_scale;
+  float v_scale;
+  int32_t use_pdl;
+  int32_t grid; /* 0 = auto */
+  uint32_t* error_flags;
+} m3qkv_insert_args;
+
+/* Arguments of m3qkv_mxfp8_gemm: out = bf16_rn(acc), acc as in SPEC §3. */
+typedef struct m3qkv_gemm_args {
+  size_t struct_size; /* = sizeof(m3qkv_gemm_args) */
+  int64_t m;          /* >= 0; 0 is a no-op */
+  int64_t n;          /* > 0, multiple of 128 */
+  int64_t k;          /* > 0, multiple of 128 */
+  const void* xq;     /* e4m3 [M, K], 16-B aligned */
+  const void* xsf;    /* F8_128x4 scales of [M, K/32], 16-B aligned */
+  const void* wq;     /* e4m3 [N, K], 16-B aligned */
+  const void* wsf;    /* F8_128x4 scales of [N, K/32], 16-B aligned */
+  void* out;          /* bf16 [M, N], 16-B aligned */
+  int32_t use_pdl;    /* 0 or 1 */
+  int32_t grid;       /* 0 = auto */
+} m3qkv_gemm_args;
+
+/*
+ * Arguments of m3qkv_mxfp8_quantize: bf16 x [M, K] -> e4m3 xq + F8_128x4 xsf
+ * with the OCP MX rule: per 32 consecutive values, e = clamp(floor(log2(amax)) - 8,
+ * -127, 127) (amax = 0 gives e = -127), scale byte = e + 127,
+ * xq = e4m3_satfinite_rn(x / 2^e). Padding bytes of xsf (rows >= M up to the
+ * next multiple of 128) are written as 0x7F (scale 1.0).
+ */
+typedef struct m3qkv_quantize_args {
+  size_t struct_size; /* = sizeof(m3qkv_quantize_args) */
+  int64_t m;          /* >= 0; 0 is a no-op */
+  int64_t k;          /* > 0, multiple of 128 */
+  const void* x;      /* bf16 [M, K], 16-B aligned */
+  void* xq;           /* e4m3 [M, K], 16-B aligned */
+  void* xsf;          /* ceil(M/128)·128 · K/32 bytes, 16-B aligned */
+  int32_t use_pdl;    /* 0 or 1 */
+} m3qkv_quantize_args;
+
+/* The fused op (SPEC §2-§4). Asynchronous on `stream`. */
+M3QKV_API m3qkv_status m3qkv_fused_qkv(const m3qkv_fused_args* args, cudaStream_t stream);
+/* RMSNorm + RoPE + q outputs + NVFP4 cache insert on a bf16 projection. */
+M3QKV_API m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args, cudaStream_t stream);
+/* MXFP8 GEMM with bf16 output. */
+M3QKV_API m3qkv_status m3qkv_mxfp8_gemm(const m3qkv_gemm_args* args, cudaStream_t stream);
+/* bf16 -> MXFP8 activation quantizer (OCP MX rule). */
+M3QKV_API m3qkv_status m3qkv_mxfp8_quantize(const m3qkv_quantize_args* args, cudaStream_t stream);
+/* Load modules and set shared-memory attributes for `device` ahead of the first call. */
+M3QKV_API m3qkv_status m3qkv_warmup(int device);
+/* The backend m3qkv_fused_qkv uses on `device`. */
+M3QKV_API m3qkv_status m3qkv_backend(int device, m3qkv_backend_kind* out);
+/* Static text for a status (never NULL). */
+M3QKV_API const char* m3qkv_status_string(m3qkv_status status);
+/* Detail of the last failure on this thread ("" when none). */
+M3QKV_API const char* m3qkv_last_error(void);
+/* Name of a backend kind (never NULL). */
+M3QKV_API const char* m3qkv_backend_name(m3qkv_backend_kind kind);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* M3QKV_M3QKV_H_ */

@@ -1,0 +1,73 @@
+// The layouts of SPEC §4, written once: the F8_128x4 scale-factor swizzle and
+// the NVFP4 paged-cache addressing. Used by every kernel, the golden model and
+// the tests (host + device).
+#pragma once
+
+#include <stdint.h>
+
+#include "common/numerics.h"
+
+namespace m3qkv {
+
+// ------------------------------------------------------------ F8_128x4
+// Scale matrix of R rows and C = K/32 columns, padded to Rp = ceil(R/128)·128,
+// Cp = ceil(C/4)·4. Byte (r, c) lives at
+//   ((r/128)·Kt + c/4)·512 + (r%32)·16 + ((r%128)/32)·4 + (c%4),  Kt = Cp/4.
+// One 512-byte chunk holds 128 rows × 4 scale columns (= one BK = 128 stage),
+// exactly the [32][16] source tcgen05.cp.32x128b.warpx4 wants.
+M3_HD int64_t f8_128x4_padded_rows(int64_t rows) { return (rows + 127) / 128 * 128; }
+M3_HD int64_t f8_128x4_padded_cols(int64_t cols) { return (cols + 3) / 4 * 4; }
+M3_HD int64_t f8_128x4_bytes(int64_t rows, int64_t cols) {
+  return f8_128x4_padded_rows(rows) * f8_128x4_padded_cols(cols);
+}
+M3_HD int64_t f8_128x4_offset(int64_t r, int64_t c, int64_t cols) {
+  const int64_t kt = f8_128x4_padded_cols(cols) / 4;
+  return ((r / 128) * kt + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
+}
+
+// --------------------------------------------------------- NVFP4 cache
+// A slot holds block_size tokens: 64 data bytes per token (two e2m1 per byte,
+// element 2i in the low nibble of byte i), then 8 scale bytes per token.
+constexpr int kNvfp4DataBytes = 64;
+constexpr int kNvfp4ScaleBytes = 8;
+constexpr int kNvfp4TokenBytes = kNvfp4DataBytes + kNvfp4ScaleBytes;  // 72
+
+M3_HD int64_t nvfp4_slot_bytes(int block_size) { return static_cast<int64_t>(block_size) * kNvfp4TokenBytes; }
+// Bytes one KV page needs (2·nkv slots: K of head h in slot 2h, V in 2h+1).
+M3_HD int64_t kv_page_min_bytes(int nkv, int block_size) { return 2ll * nkv * nvfp4_slot_bytes(block_size); }
+
+// Byte offset of slot `s` of page `p` from the cache base.
+M3_HD int64_t nvfp4_slot_base(int64_t page, int slot, int64_t page_stride, int block_size) {
+  return page * page_stride + static_cast<int64_t>(slot) * nvfp4_slot_bytes(block_size);
+}
+// Data byte holding columns (c, c+1) of token t (c even), relative to the slot base.
+M3_HD int64_t nvfp4_data_offset(int t, int c) { return static_cast<int64_t>(t) * kNvfp4DataBytes + c / 2; }
+// Scale byte of group g (= c/16) of token t: K and index_k are linear.
+M3_HD int64_t nvfp4_scale_offset_linear(int t, int g, int block_size) {
+  return static_cast<int64_t>(block_size) * kNvfp4DataBytes + static_cast<int64_t>(t) * kNvfp4ScaleBytes + g;
+}
+// V uses a 4-token swizzle: ((t/4)·4 + g/2)·8 + (g%2)·4 + t%4.
+M3_HD int64_t nvfp4_scale_offset_v(int t, int g, int block_size) {
+  return static_cast<int64_t>(block_size) * kNvfp4DataBytes +
+         ((static_cast<int64_t>(t / 4) * 4 + g / 2) * 8 + (g % 2) * 4 + t % 4);
+}
+
+// Head layout of the projection: [q × nq | k × nkv | v × nkv | index_q × niq | index_k × nik].
+enum class HeadKind : int { Q = 0, K = 1, V = 2, IndexQ = 3, IndexK = 4 };
+struct HeadInfo {
+  HeadKind kind;
+  int index;  // head index within its kind
+};
+M3_HD HeadInfo head_info(int head, int nq, int nkv, int niq) {
+  if (head < nq) return {HeadKind::Q, head};
+  head -= nq;
+  if (head < nkv) return {HeadKind::K, head};
+  head -= nkv;
+  if (head < nkv) return {HeadKind::V, head};
+  head -= nkv;
+  if (head < niq) return {HeadKind::IndexQ, head};
+  return {HeadKind::IndexK, head - niq};
+}
+M3_HD int total_heads(int nq, int nkv, int niq, int nik) { return nq + 2 * nkv + niq + nik; }
+
+}  // namespace m3qkv
