@@ -46,7 +46,8 @@ typedef enum m3qkv_status {
   /* An argument has a value outside its documented domain (e.g. eps < 0,
      a negative scale, cta_group = 3, use_pdl = 7). */
   M3QKV_ERROR_INVALID_ARGUMENT = 1,
-  /* A pointer or a stride is not aligned as its field documents. */
+  /* A pointer is not aligned as its field documents (page strides that are
+     not multiples of 32 are M3QKV_ERROR_INVALID_SHAPE). */
   M3QKV_ERROR_MISALIGNED = 2,
   /* No backend for this device (compute capability < 8.0, or the library was
      built without a target for it). */

@@ -1,1 +1,393 @@
-// placeholder (being written)
+// The public entry points: validate, skip empty batches, find the device,
+// dispatch to a backend (rule at the end of api/internal.h).
+//
+// Every entry point follows the same sequence:
+//   clear_error -> validate_* (launches nothing) -> m == 0: SUCCESS ->
+//   current device facts (cached) -> backend choice -> launcher.
+// No exception crosses the C boundary: each body runs inside guarded().
+#include <cuda_runtime_api.h>
+
+#include <exception>
+#include <map>
+#include <mutex>
+
+#include "api/internal.h"
+
+// Build switches (set by CMake for the library target). Defaults keep this
+// file compilable on its own: a backend counts as present only when enabled.
+#ifndef M3QKV_WITH_PORTABLE
+#define M3QKV_WITH_PORTABLE 0
+#endif
+#ifndef M3QKV_WITH_SM90
+#define M3QKV_WITH_SM90 0
+#endif
+#ifndef M3QKV_WITH_SM100
+#define M3QKV_WITH_SM100 0
+#endif
+// The Hopper kernel is a separate source that defines M3QKV_HAVE_SM90_KERNEL
+// in CMake when it exists; building for 90a alone does not give an SM90 backend.
+#if M3QKV_WITH_SM90 && defined(M3QKV_HAVE_SM90_KERNEL)
+#define M3QKV_SM90_BACKEND 1
+#else
+#define M3QKV_SM90_BACKEND 0
+#endif
+// Test build: the SM100 kernel compiled for sm_90a with tcgen05 emulated, so
+// it can be forced (m3qkv_testing_fused_qkv) on a CC 9.0 device.
+#if defined(M3QKV_TCGEN05_EMULATION) && M3QKV_TCGEN05_EMULATION
+#define M3QKV_SM100_ON_SM90 1
+#else
+#define M3QKV_SM100_ON_SM90 0
+#endif
+
+namespace m3qkv {
+namespace {
+
+constexpr bool kHavePortable = M3QKV_WITH_PORTABLE;
+constexpr bool kHaveSm90 = M3QKV_SM90_BACKEND;
+constexpr bool kHaveSm100 = M3QKV_WITH_SM100;
+
+// ---------------------------------------------------------------------------
+// CUDA error mapping
+// ---------------------------------------------------------------------------
+
+// Errors that mean "this process has no usable CUDA device at all" (no GPU,
+// no driver, or only the toolkit's stub libcuda): an unsupported device, not
+// a failed CUDA call.
+bool is_no_device_error(cudaError_t err) {
+  return err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorStubLibrary;
+}
+
+m3qkv_status cuda_fail(const char* fn, const char* call, cudaError_t err) {
+  // The error is ours and has been reported through the status: do not leave
+  // it for the caller's next cudaGetLastError (sticky errors stay regardless).
+  (void)cudaGetLastError();
+  if (is_no_device_error(err)) {
+    return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE, "%s: no CUDA device is available (%s: %s)", fn, call,
+                cudaGetErrorString(err));
+  }
+  return fail(M3QKV_ERROR_CUDA_ERROR, "%s: %s failed: %s (%s)", fn, call, cudaGetErrorName(err),
+              cudaGetErrorString(err));
+}
+
+#define M3QKV_CUDA_TRY(fn, call)                                      \
+  do {                                                                \
+    const cudaError_t m3qkv_err_ = (call);                            \
+    if (m3qkv_err_ != cudaSuccess) return cuda_fail(fn, #call, m3qkv_err_); \
+  } while (0)
+
+#define M3QKV_TRY(expr)                                \
+  do {                                                 \
+    const m3qkv_status m3qkv_st_ = (expr);             \
+    if (m3qkv_st_ != M3QKV_SUCCESS) return m3qkv_st_;  \
+  } while (0)
+
+// Runs an entry point body; anything thrown (std::bad_alloc from the device
+// cache, a bug) becomes M3QKV_ERROR_INTERNAL instead of crossing the C boundary.
+template <class F>
+m3qkv_status guarded(const char* fn, F&& body) noexcept {
+  try {
+    clear_error();
+    return body();
+  } catch (const std::exception& e) {
+    return fail(M3QKV_ERROR_INTERNAL, "%s: internal error: %s", fn, e.what());
+  } catch (...) {
+    return fail(M3QKV_ERROR_INTERNAL, "%s: internal error: unknown exception", fn);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Device facts, cached per device ordinal (they cannot change while the
+// process runs). The mutex guards only the map; the CUDA queries run outside
+// it, so two threads may both query a new device once and store equal values.
+// ---------------------------------------------------------------------------
+
+std::mutex& cache_mutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::map<int, DeviceInfo>& cache() {
+  static std::map<int, DeviceInfo> m;
+  return m;
+}
+
+m3qkv_status query_device_in(const char* fn, int device, DeviceInfo* out) {
+  if (device < 0) {
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: device = %d is not a valid CUDA device ordinal", fn, device);
+  }
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex());
+    const auto it = cache().find(device);
+    if (it != cache().end()) {
+      *out = it->second;
+      return M3QKV_SUCCESS;
+    }
+  }
+  int count = 0;
+  M3QKV_CUDA_TRY(fn, cudaGetDeviceCount(&count));
+  if (count <= 0) return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE, "%s: no CUDA device is available", fn);
+  if (device >= count) {
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: device = %d is not a valid CUDA device (this process sees %d)", fn,
+                device, count);
+  }
+  DeviceInfo d;
+  d.device = device;
+  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
+  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, device));
+  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, device));
+  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  {
+    std::lock_guard<std::mutex> lock(cache_mutex());
+    cache()[device] = d;
+  }
+  *out = d;
+  return M3QKV_SUCCESS;
+}
+
+// The device the caller's stream belongs to is the current device.
+m3qkv_status current_device_in(const char* fn, DeviceInfo* out) {
+  int device = -1;
+  M3QKV_CUDA_TRY(fn, cudaGetDevice(&device));
+  return query_device_in(fn, device, out);
+}
+
+// ---------------------------------------------------------------------------
+// Backend choice
+// ---------------------------------------------------------------------------
+
+bool portable_runs_on(const DeviceInfo& d) { return d.cc_major >= 8; }
+bool sm90_runs_on(const DeviceInfo& d) { return d.cc_major == 9 && d.cc_minor == 0; }
+bool sm100_runs_on(const DeviceInfo& d) { return d.cc_major == 10 || (M3QKV_SM100_ON_SM90 && sm90_runs_on(d)); }
+
+// The fused backend for `d` (dispatch rule in api/internal.h); NONE when there is none.
+m3qkv_backend_kind fused_backend_for(const DeviceInfo& d) {
+  if (kHaveSm100 && d.cc_major == 10) return M3QKV_BACKEND_SM100;
+  if (kHaveSm90 && sm90_runs_on(d)) return M3QKV_BACKEND_SM90;
+  if (kHavePortable && portable_runs_on(d)) return M3QKV_BACKEND_PORTABLE;
+  return M3QKV_BACKEND_NONE;
+}
+
+// UNSUPPORTED_DEVICE for a device with no usable portable kernels: says
+// whether the hardware is too old or the library lacks the target.
+m3qkv_status no_portable(const char* fn, const DeviceInfo& d) {
+  if (!portable_runs_on(d)) {
+    return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE,
+                "%s: device %d has compute capability %d.%d; m3qkv needs 8.0 or newer", fn, d.device, d.cc_major,
+                d.cc_minor);
+  }
+  return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE,
+              "%s: device %d (compute capability %d.%d) needs the portable backend, but this library was built "
+              "without the sm_80 target (M3QKV_CUDA_ARCHS does not contain 80)",
+              fn, d.device, d.cc_major, d.cc_minor);
+}
+
+// Explains a forced backend that cannot run here.
+m3qkv_status cannot_force(const char* fn, m3qkv_backend_kind b, const DeviceInfo& d, bool built, const char* target) {
+  if (!built) {
+    return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE,
+                "%s: force_backend = %s, but this library was built without the %s target%s", fn,
+                m3qkv_backend_name(b), target,
+                b == M3QKV_BACKEND_SM90 ? " (or without the Hopper kernel source)" : "");
+  }
+  return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE, "%s: force_backend = %s cannot run on device %d (compute capability %d.%d)",
+              fn, m3qkv_backend_name(b), d.device, d.cc_major, d.cc_minor);
+}
+
+// Resolves `force` (NONE = automatic) to a backend that can run on `d`.
+m3qkv_status choose_fused(const char* fn, const DeviceInfo& d, m3qkv_backend_kind force, m3qkv_backend_kind* out) {
+  switch (force) {
+    case M3QKV_BACKEND_NONE:
+      *out = fused_backend_for(d);
+      if (*out == M3QKV_BACKEND_NONE) return no_portable(fn, d);
+      return M3QKV_SUCCESS;
+    case M3QKV_BACKEND_PORTABLE:
+      if (!kHavePortable || !portable_runs_on(d)) return cannot_force(fn, force, d, kHavePortable, "sm_80");
+      break;
+    case M3QKV_BACKEND_SM90:
+      if (!kHaveSm90 || !sm90_runs_on(d)) return cannot_force(fn, force, d, kHaveSm90, "sm_90a");
+      break;
+    case M3QKV_BACKEND_SM100:
+      if (!kHaveSm100 || !sm100_runs_on(d)) return cannot_force(fn, force, d, kHaveSm100, "sm_100f");
+      break;
+  }
+  *out = force;
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status launch_fused(m3qkv_backend_kind b, const m3qkv_fused_args& a, const DeviceInfo& d, float* acc_tap,
+                          cudaStream_t s) {
+  (void)a, (void)d, (void)acc_tap, (void)s;  // unused when no backend is compiled in
+  switch (b) {
+    case M3QKV_BACKEND_PORTABLE:
+#if M3QKV_WITH_PORTABLE
+      return portable_fused(a, d, acc_tap, s);
+#else
+      break;
+#endif
+    case M3QKV_BACKEND_SM90:
+#if M3QKV_SM90_BACKEND
+      return sm90_fused(a, d, acc_tap, s);
+#else
+      break;
+#endif
+    case M3QKV_BACKEND_SM100:
+#if M3QKV_WITH_SM100
+      return sm100_fused(a, d, acc_tap, s);
+#else
+      break;
+#endif
+    case M3QKV_BACKEND_NONE:
+      break;
+  }
+  // choose_fused only returns backends that are compiled in.
+  return fail(M3QKV_ERROR_INTERNAL, "m3qkv_fused_qkv: backend %s is not compiled in", m3qkv_backend_name(b));
+}
+
+// The unfused ops always use the portable kernels.
+template <class A, class Launch>
+m3qkv_status run_portable(const char* fn, const A* args, cudaStream_t stream,
+                          m3qkv_status (*validate)(const A*, bool*), Launch&& launch) {
+  return guarded(fn, [&]() -> m3qkv_status {
+    bool noop = false;
+    M3QKV_TRY(validate(args, &noop));
+    if (noop) return M3QKV_SUCCESS;
+    DeviceInfo d;
+    M3QKV_TRY(current_device_in(fn, &d));
+    if (!kHavePortable || !portable_runs_on(d)) return no_portable(fn, d);
+    return launch(*args, d, stream);
+  });
+}
+
+// Restores the caller's current device when m3qkv_warmup returns.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int previous) : previous_(previous) {}
+  ~DeviceGuard() {
+    if (previous_ >= 0) (void)cudaSetDevice(previous_);
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_;
+};
+
+}  // namespace
+
+m3qkv_status query_device(int device, DeviceInfo* out) { return query_device_in("m3qkv", device, out); }
+m3qkv_status current_device_info(DeviceInfo* out) { return current_device_in("m3qkv", out); }
+
+}  // namespace m3qkv
+
+using namespace m3qkv;
+
+extern "C" {
+
+m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_tap, m3qkv_backend_kind force_backend,
+                                     cudaStream_t stream) {
+  const char* fn = "m3qkv_fused_qkv";
+  return guarded(fn, [&]() -> m3qkv_status {
+    bool noop = false;
+    M3QKV_TRY(validate_fused(args, &noop));
+    // Compared as int: C callers may pass any int through the enum.
+    const int force = static_cast<int>(force_backend);
+    if (force < M3QKV_BACKEND_NONE || force > M3QKV_BACKEND_SM100) {
+      return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: force_backend = %d is not an m3qkv_backend_kind", fn, force);
+    }
+    if (reinterpret_cast<uintptr_t>(acc_tap) % 16 != 0) {
+      return fail(M3QKV_ERROR_MISALIGNED, "%s: acc_tap = 0x%llx is not 16-byte aligned", fn,
+                  static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(acc_tap)));
+    }
+    if (noop) return M3QKV_SUCCESS;
+    DeviceInfo d;
+    M3QKV_TRY(current_device_in(fn, &d));
+    m3qkv_backend_kind b = M3QKV_BACKEND_NONE;
+    M3QKV_TRY(choose_fused(fn, d, force_backend, &b));
+    return launch_fused(b, *args, d, acc_tap, stream);
+  });
+}
+
+m3qkv_status m3qkv_fused_qkv(const m3qkv_fused_args* args, cudaStream_t stream) {
+  return m3qkv_testing_fused_qkv(args, nullptr, M3QKV_BACKEND_NONE, stream);
+}
+
+m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args, cudaStream_t stream) {
+  return run_portable("m3qkv_qknorm_rope_kv_insert", args, stream, &validate_insert,
+                      [](const m3qkv_insert_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
+#if M3QKV_WITH_PORTABLE
+                        return portable_insert(a, d, s);
+#else
+                        (void)a, (void)d, (void)s;  // unreachable: run_portable checked kHavePortable
+                        return fail(M3QKV_ERROR_INTERNAL, "portable_insert is not compiled in");
+#endif
+                      });
+}
+
+m3qkv_status m3qkv_mxfp8_gemm(const m3qkv_gemm_args* args, cudaStream_t stream) {
+  return run_portable("m3qkv_mxfp8_gemm", args, stream, &validate_gemm,
+                      [](const m3qkv_gemm_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
+#if M3QKV_WITH_PORTABLE
+                        return portable_gemm(a, d, s);
+#else
+                        (void)a, (void)d, (void)s;  // unreachable: run_portable checked kHavePortable
+                        return fail(M3QKV_ERROR_INTERNAL, "portable_gemm is not compiled in");
+#endif
+                      });
+}
+
+m3qkv_status m3qkv_mxfp8_quantize(const m3qkv_quantize_args* args, cudaStream_t stream) {
+  return run_portable("m3qkv_mxfp8_quantize", args, stream, &validate_quantize,
+                      [](const m3qkv_quantize_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
+#if M3QKV_WITH_PORTABLE
+                        return portable_quantize(a, d, s);
+#else
+                        (void)a, (void)d, (void)s;  // unreachable: run_portable checked kHavePortable
+                        return fail(M3QKV_ERROR_INTERNAL, "portable_quantize is not compiled in");
+#endif
+                      });
+}
+
+// Reports the backend m3qkv_fused_qkv would use on `device`. A device that
+// exists but has no backend (CC < 8.0, or its target compiled out) is a
+// successful query answering M3QKV_BACKEND_NONE; a process without any CUDA
+// device gets M3QKV_ERROR_UNSUPPORTED_DEVICE (and *out = NONE).
+m3qkv_status m3qkv_backend(int device, m3qkv_backend_kind* out) {
+  const char* fn = "m3qkv_backend";
+  return guarded(fn, [&]() -> m3qkv_status {
+    if (out == nullptr) return fail(M3QKV_ERROR_NULL_POINTER, "%s: out = NULL, but it is required", fn);
+    *out = M3QKV_BACKEND_NONE;
+    DeviceInfo d;
+    M3QKV_TRY(query_device_in(fn, device, &d));
+    *out = fused_backend_for(d);
+    return M3QKV_SUCCESS;
+  });
+}
+
+// Makes `device` current, runs the warmup of every backend this device can
+// use (the portable one serves the unfused ops everywhere), then restores the
+// caller's current device.
+m3qkv_status m3qkv_warmup(int device) {
+  const char* fn = "m3qkv_warmup";
+  return guarded(fn, [&]() -> m3qkv_status {
+    DeviceInfo d;
+    M3QKV_TRY(query_device_in(fn, device, &d));
+    const m3qkv_backend_kind fused = fused_backend_for(d);
+    if (fused == M3QKV_BACKEND_NONE) return no_portable(fn, d);
+    int previous = -1;
+    M3QKV_CUDA_TRY(fn, cudaGetDevice(&previous));
+    DeviceGuard restore(previous);
+    M3QKV_CUDA_TRY(fn, cudaSetDevice(device));
+#if M3QKV_WITH_PORTABLE
+    if (portable_runs_on(d)) M3QKV_TRY(portable_warmup(d));
+#endif
+#if M3QKV_SM90_BACKEND
+    if (fused == M3QKV_BACKEND_SM90) M3QKV_TRY(sm90_warmup(d));
+#endif
+#if M3QKV_WITH_SM100
+    if (fused == M3QKV_BACKEND_SM100 || (M3QKV_SM100_ON_SM90 && sm90_runs_on(d))) M3QKV_TRY(sm100_warmup(d));
+#endif
+    return M3QKV_SUCCESS;
+  });
+}
+
+}  // extern "C"

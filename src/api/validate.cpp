@@ -1,1 +1,480 @@
-// placeholder (being written)
+// Complete argument validation for the four entry points (SPEC §2, §6, §8).
+// Nothing here touches the GPU or dereferences a device pointer: every rule is
+// a host-side check on scalars and pointer values, so a rejected call never
+// launches anything.
+//
+// Order of the checks, the same for every entry point:
+//   1. args != NULL                      -> M3QKV_ERROR_NULL_POINTER
+//   2. args->struct_size == sizeof(...)  -> M3QKV_ERROR_STRUCT_SIZE
+//   3. host scalars: shapes and head counts (M3QKV_ERROR_INVALID_SHAPE),
+//      size limits / int64 overflow (M3QKV_ERROR_TOO_LARGE), values such as
+//      eps, scales and launch options (M3QKV_ERROR_INVALID_ARGUMENT)
+//   4. m == 0: valid no-op. We stop here with *noop = true, BEFORE looking at
+//      any pointer, so that a caller with an empty batch may pass NULL (or
+//      stale) data pointers. The scalar rules of step 3 still apply: a bad
+//      K or head count is a bug in the caller even on an empty batch.
+//   5. required pointers present (M3QKV_ERROR_NULL_POINTER; "no q output at
+//      all" is M3QKV_ERROR_INVALID_ARGUMENT)
+//   6. alignment of every pointer a kernel reads or writes with wide accesses
+//      (M3QKV_ERROR_MISALIGNED)
+// Fields that an operation does not use (index_* when niq/nik are 0) are not
+// checked at all.
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <initializer_list>
+
+#include "api/internal.h"
+
+namespace m3qkv {
+namespace {
+
+constexpr int64_t kHeadDim = M3QKV_HEAD_DIM;
+constexpr int64_t kSlotBytesPerToken = M3QKV_NVFP4_SLOT_BYTES_PER_TOKEN;
+// K is consumed in 128-wide k-blocks (4 MX scale columns = one F8_128x4 column tile).
+constexpr int64_t kKMultiple = 128;
+// The GEMM N dimension is tiled by heads of 128 rows.
+constexpr int64_t kNMultiple = kHeadDim;
+// The V scale swizzle groups tokens by 4 (SPEC §4).
+constexpr int64_t kBlockSizeMultiple = 4;
+// Pages are addressed with 32-byte aligned vector/TMA accesses (SPEC §2).
+constexpr int64_t kPageStrideMultiple = 32;
+// Kernel limits: token rows and columns are indexed with 32-bit integers in
+// the kernels (grid coordinates, tile indices), K with 32-bit k-block counters.
+constexpr int64_t kMaxM = int64_t{1} << 31;  // m < 2^31
+constexpr int64_t kMaxK = int64_t{1} << 20;  // k <= 2^20
+constexpr int64_t kMaxN = int64_t{1} << 24;  // N <= 2^24 (131072 heads)
+constexpr int64_t kScaleRowTile = 128;       // F8_128x4 pads rows to 128
+constexpr int64_t kMxBlock = 32;             // one E8M0 scale per 32 K values
+static_assert(kKMultiple % (kMxBlock * 4) == 0, "K multiple must cover whole F8_128x4 column tiles");
+static_assert((kBlockSizeMultiple * kSlotBytesPerToken) % kPageStrideMultiple == 0,
+              "a packed page of any valid block_size is a multiple of the page stride alignment");
+
+constexpr size_t kWideAlign = 16;  // 16-byte vector / TMA accesses
+constexpr size_t kI64Align = 8;    // int64 positions and slot mappings
+constexpr size_t kFlagAlign = 4;   // uint32 error flags (atomicOr)
+
+#define M3QKV_CHECK(expr)                              \
+  do {                                                 \
+    const m3qkv_status m3qkv_st_ = (expr);             \
+    if (m3qkv_st_ != M3QKV_SUCCESS) return m3qkv_st_;  \
+  } while (0)
+
+using ll = long long;
+
+// The entry point a message is about ("m3qkv_fused_qkv: ...").
+struct Ctx {
+  const char* fn;
+};
+
+// ---------------------------------------------------------------------------
+// Small rule helpers shared by all four structs. Each returns SUCCESS or a
+// status with a message naming the function, the argument and its value.
+// ---------------------------------------------------------------------------
+
+m3qkv_status check_struct_size(Ctx c, size_t got, size_t want, const char* type) {
+  if (got == want) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_STRUCT_SIZE, "%s: struct_size = %zu does not equal sizeof(%s) = %zu of this library", c.fn,
+              got, type, want);
+}
+
+m3qkv_status positive(Ctx c, const char* name, int64_t v) {
+  if (v > 0) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_SHAPE, "%s: %s = %lld must be > 0", c.fn, name, static_cast<ll>(v));
+}
+
+m3qkv_status at_least(Ctx c, const char* name, int64_t v, int64_t lo) {
+  if (v >= lo) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_SHAPE, "%s: %s = %lld must be >= %lld", c.fn, name, static_cast<ll>(v),
+              static_cast<ll>(lo));
+}
+
+m3qkv_status multiple_of(Ctx c, const char* name, int64_t v, int64_t mult) {
+  if (v % mult == 0) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_SHAPE, "%s: %s = %lld is not a multiple of %lld", c.fn, name, static_cast<ll>(v),
+              static_cast<ll>(mult));
+}
+
+// Kernel limit: v < limit (exclusive) or v <= limit (inclusive).
+m3qkv_status within_limit(Ctx c, const char* name, int64_t v, int64_t limit, bool inclusive) {
+  if (inclusive ? v <= limit : v < limit) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_TOO_LARGE, "%s: %s = %lld exceeds the kernel limit (must be %s %lld)", c.fn, name,
+              static_cast<ll>(v), inclusive ? "<=" : "<", static_cast<ll>(limit));
+}
+
+// *out = product of non-negative factors, or TOO_LARGE when it overflows int64.
+// `what` spells the product, e.g. "num_blocks·kv_page_stride".
+m3qkv_status product(Ctx c, const char* what, std::initializer_list<int64_t> factors, int64_t* out) {
+  int64_t p = 1;
+  for (int64_t f : factors) {
+    if (__builtin_mul_overflow(p, f, &p)) {
+      char buf[160];
+      int pos = 0;
+      for (int64_t g : factors) {
+        pos += std::snprintf(buf + pos, sizeof(buf) - static_cast<size_t>(pos), "%s%lld", pos ? " * " : "",
+                             static_cast<ll>(g));
+        if (pos >= static_cast<int>(sizeof(buf))) break;
+      }
+      return fail(M3QKV_ERROR_TOO_LARGE, "%s: %s = %s overflows int64", c.fn, what, buf);
+    }
+  }
+  *out = p;
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status finite_non_negative(Ctx c, const char* name, float v) {
+  if (std::isfinite(v) && v >= 0.0f) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: %s = %.9g must be finite and >= 0", c.fn, name,
+              static_cast<double>(v));
+}
+
+m3qkv_status finite_positive(Ctx c, const char* name, float v) {
+  if (std::isfinite(v) && v > 0.0f) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: %s = %.9g must be finite and > 0", c.fn, name,
+              static_cast<double>(v));
+}
+
+// v in [lo, hi]; `domain` spells the allowed values for the message.
+m3qkv_status in_range(Ctx c, const char* name, int64_t v, int64_t lo, int64_t hi, const char* domain) {
+  if (v >= lo && v <= hi) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: %s = %lld must be %s", c.fn, name, static_cast<ll>(v), domain);
+}
+
+m3qkv_status non_null(Ctx c, const char* name, const void* p) {
+  if (p != nullptr) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_NULL_POINTER, "%s: %s = NULL, but it is required", c.fn, name);
+}
+
+// NULL passes (presence is checked separately).
+m3qkv_status aligned(Ctx c, const char* name, const void* p, size_t align) {
+  const auto v = reinterpret_cast<uintptr_t>(p);
+  if (v % align == 0) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_MISALIGNED, "%s: %s = 0x%llx is not %zu-byte aligned", c.fn, name,
+              static_cast<unsigned long long>(v), align);
+}
+
+// ---------------------------------------------------------------------------
+// Field groups shared between structs, as views, so each rule is written once.
+// ---------------------------------------------------------------------------
+
+// m and k, shared by fused, gemm and quantize.
+m3qkv_status check_m(Ctx c, int64_t m) {
+  M3QKV_CHECK(at_least(c, "m", m, 0));
+  return within_limit(c, "m", m, kMaxM, /*inclusive=*/false);
+}
+
+m3qkv_status check_k(Ctx c, int64_t k) {
+  M3QKV_CHECK(positive(c, "k", k));
+  M3QKV_CHECK(multiple_of(c, "k", k, kKMultiple));
+  return within_limit(c, "k", k, kMaxK, /*inclusive=*/true);
+}
+
+m3qkv_status check_use_pdl(Ctx c, int32_t use_pdl) { return in_range(c, "use_pdl", use_pdl, 0, 1, "0 or 1"); }
+
+m3qkv_status check_grid(Ctx c, int32_t grid) {
+  return in_range(c, "grid", grid, 0, INT32_MAX, ">= 0 (0 = auto)");
+}
+
+// The MXFP8 operands of an [M, K] x [N, K]^T GEMM (fused and gemm).
+struct GemmOperands {
+  int64_t m, n, k;
+  const void *xq, *xsf, *wq, *wsf;
+};
+
+// Byte extents of the operands fit int64 (m, n, k are already bounded, this
+// keeps the rule explicit rather than implied by the bounds).
+m3qkv_status check_gemm_sizes(Ctx c, const GemmOperands& g) {
+  int64_t bytes = 0;
+  const int64_t m_pad = (g.m + kScaleRowTile - 1) / kScaleRowTile * kScaleRowTile;
+  const int64_t n_pad = (g.n + kScaleRowTile - 1) / kScaleRowTile * kScaleRowTile;
+  M3QKV_CHECK(product(c, "m*k (xq bytes)", {g.m, g.k}, &bytes));
+  M3QKV_CHECK(product(c, "m*n*4 (output / accumulator bytes)", {g.m, g.n, 4}, &bytes));
+  M3QKV_CHECK(product(c, "n*k (wq bytes)", {g.n, g.k}, &bytes));
+  M3QKV_CHECK(product(c, "ceil(m/128)*128*k/32 (xsf bytes)", {m_pad, g.k / kMxBlock}, &bytes));
+  M3QKV_CHECK(product(c, "ceil(n/128)*128*k/32 (wsf bytes)", {n_pad, g.k / kMxBlock}, &bytes));
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status check_gemm_pointers(Ctx c, const GemmOperands& g) {
+  M3QKV_CHECK(non_null(c, "xq", g.xq));
+  M3QKV_CHECK(non_null(c, "xsf", g.xsf));
+  M3QKV_CHECK(non_null(c, "wq", g.wq));
+  M3QKV_CHECK(non_null(c, "wsf", g.wsf));
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status check_gemm_alignment(Ctx c, const GemmOperands& g) {
+  M3QKV_CHECK(aligned(c, "xq", g.xq, kWideAlign));
+  M3QKV_CHECK(aligned(c, "xsf", g.xsf, kWideAlign));
+  M3QKV_CHECK(aligned(c, "wq", g.wq, kWideAlign));
+  M3QKV_CHECK(aligned(c, "wsf", g.wsf, kWideAlign));
+  return M3QKV_SUCCESS;
+}
+
+// The epilogue fields shared by m3qkv_fused_args and m3qkv_insert_args.
+struct Epilogue {
+  int64_t m;
+  int32_t nq, nkv, niq, nik;
+  const int64_t* positions;
+  int64_t max_position;
+  const void* cos_sin_cache;
+  const void *q_norm_weight, *k_norm_weight, *index_q_norm_weight, *index_k_norm_weight;
+  float eps;
+  const int64_t *slot_mapping, *index_slot_mapping;
+  const void* kv_cache;
+  int64_t kv_page_stride, num_blocks;
+  const void* index_cache;
+  int64_t index_page_stride, num_index_blocks;
+  int32_t block_size;
+  const void *q_out, *q_fp8_out, *index_q_out;
+  float q_fp8_scale, k_scale, v_scale;
+  int32_t use_pdl, grid;
+  const uint32_t* error_flags;
+};
+
+template <class A>
+Epilogue epilogue_view(const A& a) {
+  return Epilogue{a.m,
+                  a.nq,
+                  a.nkv,
+                  a.niq,
+                  a.nik,
+                  a.positions,
+                  a.max_position,
+                  a.cos_sin_cache,
+                  a.q_norm_weight,
+                  a.k_norm_weight,
+                  a.index_q_norm_weight,
+                  a.index_k_norm_weight,
+                  a.eps,
+                  a.slot_mapping,
+                  a.index_slot_mapping,
+                  a.kv_cache,
+                  a.kv_page_stride,
+                  a.num_blocks,
+                  a.index_cache,
+                  a.index_page_stride,
+                  a.num_index_blocks,
+                  a.block_size,
+                  a.q_out,
+                  a.q_fp8_out,
+                  a.index_q_out,
+                  a.q_fp8_scale,
+                  a.k_scale,
+                  a.v_scale,
+                  a.use_pdl,
+                  a.grid,
+                  a.error_flags};
+}
+
+// Head counts (SPEC §2); *n_out = N = (nq + 2·nkv + niq + nik)·128.
+m3qkv_status check_heads(Ctx c, const Epilogue& e, int64_t* n_out) {
+  M3QKV_CHECK(at_least(c, "nq", e.nq, 1));
+  M3QKV_CHECK(at_least(c, "nkv", e.nkv, 1));
+  if (e.nq % e.nkv != 0) {
+    return fail(M3QKV_ERROR_INVALID_SHAPE, "%s: nq = %d is not a multiple of nkv = %d", c.fn, e.nq, e.nkv);
+  }
+  if (e.niq != 0 && e.niq != e.nkv) {
+    return fail(M3QKV_ERROR_INVALID_SHAPE, "%s: niq = %d must be 0 or nkv = %d", c.fn, e.niq, e.nkv);
+  }
+  if (e.nik != 0 && e.nik != 1) {
+    return fail(M3QKV_ERROR_INVALID_SHAPE, "%s: nik = %d must be 0 or 1", c.fn, e.nik);
+  }
+  // int64 sum of int32 counts: cannot overflow.
+  const int64_t heads = int64_t{e.nq} + 2 * int64_t{e.nkv} + e.niq + e.nik;
+  const int64_t n = heads * kHeadDim;
+  if (n > kMaxN) {
+    return fail(M3QKV_ERROR_TOO_LARGE,
+                "%s: N = (nq + 2*nkv + niq + nik)*128 = (%d + 2*%d + %d + %d)*128 = %lld exceeds the kernel limit "
+                "(must be <= %lld)",
+                c.fn, e.nq, e.nkv, e.niq, e.nik, static_cast<ll>(n), static_cast<ll>(kMaxN));
+  }
+  *n_out = n;
+  return M3QKV_SUCCESS;
+}
+
+// One paged NVFP4 cache: stride % 32, stride >= one packed page, pages >= 1,
+// and the byte / slot extents fit int64.
+m3qkv_status check_cache(Ctx c, const char* stride_name, int64_t stride, const char* pages_name, int64_t pages,
+                         int64_t page_bytes, const char* page_formula) {
+  M3QKV_CHECK(multiple_of(c, stride_name, stride, kPageStrideMultiple));
+  if (stride < page_bytes) {
+    return fail(M3QKV_ERROR_INVALID_SHAPE, "%s: %s = %lld is smaller than one packed page (%s = %lld bytes)", c.fn,
+                stride_name, static_cast<ll>(stride), page_formula, static_cast<ll>(page_bytes));
+  }
+  M3QKV_CHECK(at_least(c, pages_name, pages, 1));
+  int64_t bytes = 0;
+  char what[96];
+  std::snprintf(what, sizeof(what), "%s*%s (cache bytes)", pages_name, stride_name);
+  return product(c, what, {pages, stride}, &bytes);
+}
+
+// All host scalars of the epilogue: shapes, limits and values. *n_out = N.
+m3qkv_status check_epilogue_scalars(Ctx c, const Epilogue& e, int64_t* n_out) {
+  M3QKV_CHECK(check_m(c, e.m));
+  M3QKV_CHECK(check_heads(c, e, n_out));
+
+  M3QKV_CHECK(positive(c, "block_size", e.block_size));
+  M3QKV_CHECK(multiple_of(c, "block_size", e.block_size, kBlockSizeMultiple));
+
+  int64_t kv_page = 0, slots = 0;
+  M3QKV_CHECK(product(c, "2*nkv*block_size*72 (kv page bytes)", {2, e.nkv, e.block_size, kSlotBytesPerToken}, &kv_page));
+  M3QKV_CHECK(check_cache(c, "kv_page_stride", e.kv_page_stride, "num_blocks", e.num_blocks, kv_page,
+                          "2*nkv*block_size*72"));
+  M3QKV_CHECK(product(c, "num_blocks*block_size (kv slots)", {e.num_blocks, e.block_size}, &slots));
+  if (e.nik > 0) {
+    const int64_t index_page = int64_t{e.block_size} * kSlotBytesPerToken;  // < 2^31 · 72: no overflow
+    M3QKV_CHECK(check_cache(c, "index_page_stride", e.index_page_stride, "num_index_blocks", e.num_index_blocks,
+                            index_page, "block_size*72"));
+    M3QKV_CHECK(product(c, "num_index_blocks*block_size (index slots)", {e.num_index_blocks, e.block_size}, &slots));
+  }
+
+  M3QKV_CHECK(at_least(c, "max_position", e.max_position, 1));
+  int64_t bytes = 0;
+  M3QKV_CHECK(product(c, "max_position*64*2 (cos_sin_cache bytes)", {e.max_position, 64, 2}, &bytes));
+  M3QKV_CHECK(product(c, "m*N*4 (accumulator bytes)", {e.m, *n_out, 4}, &bytes));
+
+  M3QKV_CHECK(finite_non_negative(c, "eps", e.eps));
+  // q_fp8_scale only matters when the fp8 q output is requested.
+  if (e.q_fp8_out != nullptr) M3QKV_CHECK(finite_positive(c, "q_fp8_scale", e.q_fp8_scale));
+  M3QKV_CHECK(finite_positive(c, "k_scale", e.k_scale));
+  M3QKV_CHECK(finite_positive(c, "v_scale", e.v_scale));
+  M3QKV_CHECK(check_use_pdl(c, e.use_pdl));
+  M3QKV_CHECK(check_grid(c, e.grid));
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status check_epilogue_pointers(Ctx c, const Epilogue& e) {
+  M3QKV_CHECK(non_null(c, "positions", e.positions));
+  M3QKV_CHECK(non_null(c, "cos_sin_cache", e.cos_sin_cache));
+  M3QKV_CHECK(non_null(c, "q_norm_weight", e.q_norm_weight));
+  M3QKV_CHECK(non_null(c, "k_norm_weight", e.k_norm_weight));
+  M3QKV_CHECK(non_null(c, "slot_mapping", e.slot_mapping));
+  M3QKV_CHECK(non_null(c, "kv_cache", e.kv_cache));
+  if (e.niq > 0) {
+    M3QKV_CHECK(non_null(c, "index_q_norm_weight", e.index_q_norm_weight));
+    M3QKV_CHECK(non_null(c, "index_q_out", e.index_q_out));
+  }
+  if (e.nik > 0) {
+    M3QKV_CHECK(non_null(c, "index_k_norm_weight", e.index_k_norm_weight));
+    M3QKV_CHECK(non_null(c, "index_slot_mapping", e.index_slot_mapping));
+    M3QKV_CHECK(non_null(c, "index_cache", e.index_cache));
+  }
+  if (e.q_out == nullptr && e.q_fp8_out == nullptr) {
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: q_out = NULL and q_fp8_out = NULL: at least one q output is required",
+                c.fn);
+  }
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status check_epilogue_alignment(Ctx c, const Epilogue& e) {
+  M3QKV_CHECK(aligned(c, "positions", e.positions, kI64Align));
+  M3QKV_CHECK(aligned(c, "cos_sin_cache", e.cos_sin_cache, kWideAlign));
+  M3QKV_CHECK(aligned(c, "q_norm_weight", e.q_norm_weight, kWideAlign));
+  M3QKV_CHECK(aligned(c, "k_norm_weight", e.k_norm_weight, kWideAlign));
+  M3QKV_CHECK(aligned(c, "slot_mapping", e.slot_mapping, kI64Align));
+  M3QKV_CHECK(aligned(c, "kv_cache", e.kv_cache, kWideAlign));
+  M3QKV_CHECK(aligned(c, "q_out", e.q_out, kWideAlign));
+  M3QKV_CHECK(aligned(c, "q_fp8_out", e.q_fp8_out, kWideAlign));
+  if (e.niq > 0) {
+    M3QKV_CHECK(aligned(c, "index_q_norm_weight", e.index_q_norm_weight, kWideAlign));
+    M3QKV_CHECK(aligned(c, "index_q_out", e.index_q_out, kWideAlign));
+  }
+  if (e.nik > 0) {
+    M3QKV_CHECK(aligned(c, "index_k_norm_weight", e.index_k_norm_weight, kWideAlign));
+    M3QKV_CHECK(aligned(c, "index_slot_mapping", e.index_slot_mapping, kI64Align));
+    M3QKV_CHECK(aligned(c, "index_cache", e.index_cache, kWideAlign));
+  }
+  M3QKV_CHECK(aligned(c, "error_flags", e.error_flags, kFlagAlign));
+  return M3QKV_SUCCESS;
+}
+
+// Steps 1-2 of the order above.
+template <class A>
+m3qkv_status check_header(Ctx c, const A* a, const char* type, bool* noop) {
+  if (noop != nullptr) *noop = false;
+  if (a == nullptr) return fail(M3QKV_ERROR_NULL_POINTER, "%s: args = NULL", c.fn);
+  return check_struct_size(c, a->struct_size, sizeof(A), type);
+}
+
+// Step 4 of the order above; returns true when validation is complete.
+bool is_noop(int64_t m, bool* noop) {
+  if (m != 0) return false;
+  if (noop != nullptr) *noop = true;
+  return true;
+}
+
+}  // namespace
+
+m3qkv_status validate_fused(const m3qkv_fused_args* a, bool* noop) {
+  const Ctx c{"m3qkv_fused_qkv"};
+  M3QKV_CHECK(check_header(c, a, "m3qkv_fused_args", noop));
+  const Epilogue e = epilogue_view(*a);
+  int64_t n = 0;
+  M3QKV_CHECK(check_k(c, a->k));
+  M3QKV_CHECK(check_epilogue_scalars(c, e, &n));
+  const GemmOperands g{a->m, n, a->k, a->xq, a->xsf, a->wq, a->wsf};
+  M3QKV_CHECK(check_gemm_sizes(c, g));
+  M3QKV_CHECK(in_range(c, "cta_group", a->cta_group, 0, 2, "0 (auto), 1 or 2"));
+  if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
+  M3QKV_CHECK(check_gemm_pointers(c, g));
+  M3QKV_CHECK(check_epilogue_pointers(c, e));
+  M3QKV_CHECK(check_gemm_alignment(c, g));
+  return check_epilogue_alignment(c, e);
+}
+
+m3qkv_status validate_insert(const m3qkv_insert_args* a, bool* noop) {
+  const Ctx c{"m3qkv_qknorm_rope_kv_insert"};
+  M3QKV_CHECK(check_header(c, a, "m3qkv_insert_args", noop));
+  const Epilogue e = epilogue_view(*a);
+  int64_t n = 0;
+  M3QKV_CHECK(check_epilogue_scalars(c, e, &n));
+  int64_t bytes = 0;
+  M3QKV_CHECK(product(c, "m*N*2 (qkv bytes)", {a->m, n, 2}, &bytes));
+  if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
+  M3QKV_CHECK(non_null(c, "qkv", a->qkv));
+  M3QKV_CHECK(check_epilogue_pointers(c, e));
+  M3QKV_CHECK(aligned(c, "qkv", a->qkv, kWideAlign));
+  return check_epilogue_alignment(c, e);
+}
+
+m3qkv_status validate_gemm(const m3qkv_gemm_args* a, bool* noop) {
+  const Ctx c{"m3qkv_mxfp8_gemm"};
+  M3QKV_CHECK(check_header(c, a, "m3qkv_gemm_args", noop));
+  M3QKV_CHECK(check_m(c, a->m));
+  M3QKV_CHECK(positive(c, "n", a->n));
+  M3QKV_CHECK(multiple_of(c, "n", a->n, kNMultiple));
+  M3QKV_CHECK(within_limit(c, "n", a->n, kMaxN, /*inclusive=*/true));
+  M3QKV_CHECK(check_k(c, a->k));
+  const GemmOperands g{a->m, a->n, a->k, a->xq, a->xsf, a->wq, a->wsf};
+  M3QKV_CHECK(check_gemm_sizes(c, g));
+  M3QKV_CHECK(check_use_pdl(c, a->use_pdl));
+  M3QKV_CHECK(check_grid(c, a->grid));
+  if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
+  M3QKV_CHECK(check_gemm_pointers(c, g));
+  M3QKV_CHECK(non_null(c, "out", a->out));
+  M3QKV_CHECK(check_gemm_alignment(c, g));
+  return aligned(c, "out", a->out, kWideAlign);
+}
+
+m3qkv_status validate_quantize(const m3qkv_quantize_args* a, bool* noop) {
+  const Ctx c{"m3qkv_mxfp8_quantize"};
+  M3QKV_CHECK(check_header(c, a, "m3qkv_quantize_args", noop));
+  M3QKV_CHECK(check_m(c, a->m));
+  M3QKV_CHECK(check_k(c, a->k));
+  int64_t bytes = 0;
+  const int64_t m_pad = (a->m + kScaleRowTile - 1) / kScaleRowTile * kScaleRowTile;
+  M3QKV_CHECK(product(c, "m*k*2 (x bytes)", {a->m, a->k, 2}, &bytes));
+  M3QKV_CHECK(product(c, "ceil(m/128)*128*k/32 (xsf bytes)", {m_pad, a->k / kMxBlock}, &bytes));
+  M3QKV_CHECK(check_use_pdl(c, a->use_pdl));
+  if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
+  M3QKV_CHECK(non_null(c, "x", a->x));
+  M3QKV_CHECK(non_null(c, "xq", a->xq));
+  M3QKV_CHECK(non_null(c, "xsf", a->xsf));
+  M3QKV_CHECK(aligned(c, "x", a->x, kWideAlign));
+  M3QKV_CHECK(aligned(c, "xq", a->xq, kWideAlign));
+  return aligned(c, "xsf", a->xsf, kWideAlign);
+}
+
+}  // namespace m3qkv

@@ -1,0 +1,339 @@
+// Test harness for the dispatch layer of src/api/api.cpp without a GPU.
+//
+// A test TU defines M3QKV_WITH_PORTABLE / M3QKV_WITH_SM90 / M3QKV_WITH_SM100
+// (and optionally M3QKV_HAVE_SM90_KERNEL) plus DISPATCH_PREFIX, then includes
+// this header. It compiles its own copy of api.cpp in which
+//   - the CUDA runtime calls are replaced by a scripted fake device table,
+//   - the backend launchers / warmups are replaced by recorders,
+//   - the entry points are renamed DISPATCH_PREFIX##<name> so several copies
+//     (one per build configuration) link into one test binary next to the
+//     real library.
+// Validation (validate.cpp) and error reporting (status.cpp) are the real ones
+// from m3qkv_static. Nothing here touches a real GPU, so these tests behave
+// the same on CPU-only and GPU machines.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "api/internal.h"
+#include "m3qkv/m3qkv.h"
+
+#ifndef DISPATCH_PREFIX
+#error "define DISPATCH_PREFIX before including api_dispatch_harness.h"
+#endif
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Scripted CUDA runtime.
+// ---------------------------------------------------------------------------
+struct FakeCuda {
+  std::mutex mu;
+  // Compute capability of each fake device ordinal (enum FakeDevice below).
+  std::vector<std::pair<int, int>> cc = {{7, 5}, {8, 0}, {8, 6}, {9, 0}, {10, 0}, {10, 3}, {12, 0}};
+  int current = 1;
+  cudaError_t get_device_err = cudaSuccess;
+  cudaError_t get_count_err = cudaSuccess;
+  cudaError_t set_device_err = cudaSuccess;
+  int attr_fail_device = -1;  // cudaDeviceGetAttribute fails for this ordinal
+  std::atomic<int> attr_calls{0};
+  std::atomic<int> get_device_calls{0};
+  std::atomic<int> get_last_error_calls{0};
+  std::vector<int> set_device_log;
+};
+FakeCuda& fake_cuda() {
+  static FakeCuda f;
+  return f;
+}
+
+cudaError_t fake_cudaGetDevice(int* d) {
+  auto& f = fake_cuda();
+  f.get_device_calls++;
+  if (f.get_device_err != cudaSuccess) return f.get_device_err;
+  *d = f.current;
+  return cudaSuccess;
+}
+cudaError_t fake_cudaSetDevice(int d) {
+  auto& f = fake_cuda();
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (f.set_device_err != cudaSuccess) return f.set_device_err;
+  f.set_device_log.push_back(d);
+  f.current = d;
+  return cudaSuccess;
+}
+cudaError_t fake_cudaGetDeviceCount(int* n) {
+  auto& f = fake_cuda();
+  if (f.get_count_err != cudaSuccess) return f.get_count_err;
+  *n = static_cast<int>(f.cc.size());
+  return cudaSuccess;
+}
+cudaError_t fake_cudaGetLastError() {
+  fake_cuda().get_last_error_calls++;
+  return cudaSuccess;
+}
+cudaError_t fake_cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int d) {
+  auto& f = fake_cuda();
+  f.attr_calls++;
+  if (d == f.attr_fail_device) return cudaErrorInvalidValue;
+  if (d < 0 || d >= static_cast<int>(f.cc.size())) return cudaErrorInvalidDevice;
+  switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor: *v = f.cc[d].first; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = f.cc[d].second; break;
+    case cudaDevAttrMultiProcessorCount: *v = 100 + d; break;
+    case cudaDevAttrL2CacheSize: *v = (1 << 20) * (d + 1); break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 1000 * (d + 1); break;
+    default: *v = 0; break;
+  }
+  return cudaSuccess;
+}
+
+// ---------------------------------------------------------------------------
+// Recording launchers.
+// ---------------------------------------------------------------------------
+struct LaunchLog {
+  std::string last;  // "portable_fused", "sm100_warmup", ...
+  std::vector<std::string> all;
+  m3qkv::DeviceInfo dev;
+  const float* acc_tap = nullptr;
+  cudaStream_t stream = nullptr;
+  m3qkv_status result = M3QKV_SUCCESS;  // what the launchers return
+  void reset() { *this = LaunchLog{}; }
+};
+LaunchLog& launch_log() {
+  static LaunchLog l;
+  return l;
+}
+m3qkv_status record(const char* what, const m3qkv::DeviceInfo& d, const float* tap, cudaStream_t s) {
+  auto& l = launch_log();
+  l.last = what;
+  l.all.push_back(what);
+  l.dev = d;
+  l.acc_tap = tap;
+  l.stream = s;
+  if (l.result != M3QKV_SUCCESS) return m3qkv::fail(l.result, "%s: scripted failure", what);
+  return M3QKV_SUCCESS;
+}
+
+}  // namespace
+
+namespace m3qkv {
+namespace {
+[[maybe_unused]] m3qkv_status fake_portable_fused(const m3qkv_fused_args&, const DeviceInfo& d, float* t,
+                                                  cudaStream_t s) {
+  return record("portable_fused", d, t, s);
+}
+[[maybe_unused]] m3qkv_status fake_portable_gemm(const m3qkv_gemm_args&, const DeviceInfo& d, cudaStream_t s) {
+  return record("portable_gemm", d, nullptr, s);
+}
+[[maybe_unused]] m3qkv_status fake_portable_insert(const m3qkv_insert_args&, const DeviceInfo& d, cudaStream_t s) {
+  return record("portable_insert", d, nullptr, s);
+}
+[[maybe_unused]] m3qkv_status fake_portable_quantize(const m3qkv_quantize_args&, const DeviceInfo& d,
+                                                     cudaStream_t s) {
+  return record("portable_quantize", d, nullptr, s);
+}
+[[maybe_unused]] m3qkv_status fake_sm90_fused(const m3qkv_fused_args&, const DeviceInfo& d, float* t, cudaStream_t s) {
+  return record("sm90_fused", d, t, s);
+}
+[[maybe_unused]] m3qkv_status fake_sm100_fused(const m3qkv_fused_args&, const DeviceInfo& d, float* t,
+                                               cudaStream_t s) {
+  return record("sm100_fused", d, t, s);
+}
+[[maybe_unused]] m3qkv_status fake_portable_warmup(const DeviceInfo& d) { return record("portable_warmup", d, nullptr, nullptr); }
+[[maybe_unused]] m3qkv_status fake_sm90_warmup(const DeviceInfo& d) { return record("sm90_warmup", d, nullptr, nullptr); }
+[[maybe_unused]] m3qkv_status fake_sm100_warmup(const DeviceInfo& d) { return record("sm100_warmup", d, nullptr, nullptr); }
+}  // namespace
+}  // namespace m3qkv
+
+// ---------------------------------------------------------------------------
+// The copy of api.cpp under test.
+// ---------------------------------------------------------------------------
+#define DISPATCH_CAT2(a, b) a##b
+#define DISPATCH_CAT(a, b) DISPATCH_CAT2(a, b)
+
+#define cudaGetDevice fake_cudaGetDevice
+#define cudaSetDevice fake_cudaSetDevice
+#define cudaGetDeviceCount fake_cudaGetDeviceCount
+#define cudaGetLastError fake_cudaGetLastError
+#define cudaDeviceGetAttribute fake_cudaDeviceGetAttribute
+
+#define portable_fused fake_portable_fused
+#define portable_gemm fake_portable_gemm
+#define portable_insert fake_portable_insert
+#define portable_quantize fake_portable_quantize
+#define sm90_fused fake_sm90_fused
+#define sm100_fused fake_sm100_fused
+#define portable_warmup fake_portable_warmup
+#define sm90_warmup fake_sm90_warmup
+#define sm100_warmup fake_sm100_warmup
+
+#define m3qkv_fused_qkv DISPATCH_CAT(DISPATCH_PREFIX, fused_qkv)
+#define m3qkv_testing_fused_qkv DISPATCH_CAT(DISPATCH_PREFIX, testing_fused_qkv)
+#define m3qkv_qknorm_rope_kv_insert DISPATCH_CAT(DISPATCH_PREFIX, qknorm_rope_kv_insert)
+#define m3qkv_mxfp8_gemm DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_gemm)
+#define m3qkv_mxfp8_quantize DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_quantize)
+#define m3qkv_backend DISPATCH_CAT(DISPATCH_PREFIX, backend)
+#define m3qkv_warmup DISPATCH_CAT(DISPATCH_PREFIX, warmup)
+#define query_device DISPATCH_CAT(DISPATCH_PREFIX, query_device)
+#define current_device_info DISPATCH_CAT(DISPATCH_PREFIX, current_device_info)
+
+#include "api/api.cpp"
+
+#undef cudaGetDevice
+#undef cudaSetDevice
+#undef cudaGetDeviceCount
+#undef cudaGetLastError
+#undef cudaDeviceGetAttribute
+#undef portable_fused
+#undef portable_gemm
+#undef portable_insert
+#undef portable_quantize
+#undef sm90_fused
+#undef sm100_fused
+#undef portable_warmup
+#undef sm90_warmup
+#undef sm100_warmup
+#undef m3qkv_fused_qkv
+#undef m3qkv_testing_fused_qkv
+#undef m3qkv_qknorm_rope_kv_insert
+#undef m3qkv_mxfp8_gemm
+#undef m3qkv_mxfp8_quantize
+#undef m3qkv_backend
+#undef m3qkv_warmup
+#undef query_device
+#undef current_device_info
+
+// Handles on this configuration's copy of the entry points.
+namespace {
+struct Under {
+  static m3qkv_status fused(const m3qkv_fused_args* a, cudaStream_t s = nullptr) {
+    return DISPATCH_CAT(DISPATCH_PREFIX, fused_qkv)(a, s);
+  }
+  static m3qkv_status testing_fused(const m3qkv_fused_args* a, float* tap, m3qkv_backend_kind force,
+                                    cudaStream_t s = nullptr) {
+    return DISPATCH_CAT(DISPATCH_PREFIX, testing_fused_qkv)(a, tap, force, s);
+  }
+  static m3qkv_status insert(const m3qkv_insert_args* a) { return DISPATCH_CAT(DISPATCH_PREFIX, qknorm_rope_kv_insert)(a, nullptr); }
+  static m3qkv_status gemm(const m3qkv_gemm_args* a) { return DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_gemm)(a, nullptr); }
+  static m3qkv_status quantize(const m3qkv_quantize_args* a) { return DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_quantize)(a, nullptr); }
+  static m3qkv_status backend(int d, m3qkv_backend_kind* k) { return DISPATCH_CAT(DISPATCH_PREFIX, backend)(d, k); }
+  static m3qkv_status warmup(int d) { return DISPATCH_CAT(DISPATCH_PREFIX, warmup)(d); }
+  static m3qkv_status query(int d, m3qkv::DeviceInfo* out) { return m3qkv::DISPATCH_CAT(DISPATCH_PREFIX, query_device)(d, out); }
+};
+
+// Fake but aligned pointers (never dereferenced: the launchers are recorders).
+template <class T = void>
+T* dptr(int slot) {
+  return reinterpret_cast<T*>((uintptr_t{1} << 44) + static_cast<uintptr_t>(slot) * 0x100000u);
+}
+
+// Valid TP4 arguments (nq 16, nkv 1, niq 1, nik 1, K 6144, block_size 16).
+template <class A>
+void fill_epilogue_fields(A& a) {
+  a.m = 7;
+  a.nq = 16;
+  a.nkv = 1;
+  a.niq = 1;
+  a.nik = 1;
+  a.positions = dptr<const int64_t>(10);
+  a.max_position = 4096;
+  a.cos_sin_cache = dptr(11);
+  a.q_norm_weight = dptr(12);
+  a.k_norm_weight = dptr(13);
+  a.index_q_norm_weight = dptr(14);
+  a.index_k_norm_weight = dptr(15);
+  a.eps = 1e-6f;
+  a.slot_mapping = dptr<const int64_t>(16);
+  a.index_slot_mapping = dptr<const int64_t>(17);
+  a.kv_cache = dptr(18);
+  a.kv_page_stride = 2 * 16 * 72;
+  a.num_blocks = 4;
+  a.index_cache = dptr(19);
+  a.index_page_stride = 16 * 72;
+  a.num_index_blocks = 2;
+  a.block_size = 16;
+  a.q_out = dptr(20);
+  a.q_fp8_out = dptr(21);
+  a.index_q_out = dptr(22);
+  a.q_fp8_scale = 1.0f;
+  a.k_scale = 1.0f;
+  a.v_scale = 1.0f;
+}
+inline m3qkv_fused_args good_fused() {
+  m3qkv_fused_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  fill_epilogue_fields(a);
+  a.k = 6144;
+  a.xq = dptr(1);
+  a.xsf = dptr(2);
+  a.wq = dptr(3);
+  a.wsf = dptr(4);
+  return a;
+}
+inline m3qkv_insert_args good_insert() {
+  m3qkv_insert_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  fill_epilogue_fields(a);
+  a.qkv = dptr(5);
+  return a;
+}
+inline m3qkv_gemm_args good_gemm() {
+  m3qkv_gemm_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.m = 7;
+  a.n = 2560;
+  a.k = 6144;
+  a.xq = dptr(1);
+  a.xsf = dptr(2);
+  a.wq = dptr(3);
+  a.wsf = dptr(4);
+  a.out = dptr(6);
+  return a;
+}
+inline m3qkv_quantize_args good_quantize() {
+  m3qkv_quantize_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.m = 7;
+  a.k = 6144;
+  a.x = dptr(7);
+  a.xq = dptr(1);
+  a.xsf = dptr(2);
+  return a;
+}
+
+// Fake device ordinals (see FakeCuda::cc).
+enum FakeDevice { kCC75 = 0, kCC80 = 1, kCC86 = 2, kCC90 = 3, kCC100 = 4, kCC103 = 5, kCC120 = 6, kNumFake = 7 };
+
+// Adds a fake device that nothing has queried yet (so it is not cached).
+inline int fresh_device(int major, int minor) {
+  auto& f = fake_cuda();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.cc.emplace_back(major, minor);
+  return static_cast<int>(f.cc.size()) - 1;
+}
+
+// Resets the scripted state before each test.
+inline void reset_fakes() {
+  auto& f = fake_cuda();
+  f.current = kCC80;
+  f.get_device_err = cudaSuccess;
+  f.get_count_err = cudaSuccess;
+  f.set_device_err = cudaSuccess;
+  f.attr_fail_device = -1;
+  f.set_device_log.clear();
+  launch_log().reset();
+}
+
+inline bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }
+}  // namespace

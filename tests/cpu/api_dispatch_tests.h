@@ -1,0 +1,295 @@
+// Dispatch tests shared by every build configuration (see api_dispatch_harness.h).
+// The including TU defines, before including this file:
+//   DISPATCH_SUITE                       test suite name
+//   kBuiltPortable, kBuiltSm90, kBuiltSm100   which backends that configuration has
+//   kSm100OnSm90                         tcgen05-emulation build: sm100 may be forced on CC 9.0
+// The expected backend per device is spelled out from the rule in
+// src/api/internal.h: CC 10.x -> sm100, CC 9.0 -> sm90, CC >= 8.0 -> portable.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+namespace {
+
+bool is_cc(int d, int major, int minor = -1) {
+  const auto cc = fake_cuda().cc[static_cast<size_t>(d)];
+  return cc.first == major && (minor < 0 || cc.second == minor);
+}
+bool at_least_80(int d) { return fake_cuda().cc[static_cast<size_t>(d)].first >= 8; }
+
+// Whether a forced backend can run on fake device d in this configuration.
+bool can_run(m3qkv_backend_kind b, int d) {
+  switch (b) {
+    case M3QKV_BACKEND_PORTABLE: return kBuiltPortable && at_least_80(d);
+    case M3QKV_BACKEND_SM90: return kBuiltSm90 && is_cc(d, 9, 0);
+    case M3QKV_BACKEND_SM100: return kBuiltSm100 && (is_cc(d, 10) || (kSm100OnSm90 && is_cc(d, 9, 0)));
+    default: return false;
+  }
+}
+
+// Automatic choice: the emulated sm100 kernel is never picked automatically.
+m3qkv_backend_kind expected_fused(int d) {
+  if (kBuiltSm100 && is_cc(d, 10)) return M3QKV_BACKEND_SM100;
+  if (can_run(M3QKV_BACKEND_SM90, d)) return M3QKV_BACKEND_SM90;
+  if (can_run(M3QKV_BACKEND_PORTABLE, d)) return M3QKV_BACKEND_PORTABLE;
+  return M3QKV_BACKEND_NONE;
+}
+
+const char* fused_launcher(m3qkv_backend_kind b) {
+  switch (b) {
+    case M3QKV_BACKEND_PORTABLE: return "portable_fused";
+    case M3QKV_BACKEND_SM90: return "sm90_fused";
+    case M3QKV_BACKEND_SM100: return "sm100_fused";
+    default: return "";
+  }
+}
+
+// The part of the UNSUPPORTED_DEVICE message that says why device d has no backend.
+std::string why_none(int d) {
+  if (!at_least_80(d)) return "compute capability 7.5; m3qkv needs 8.0 or newer";
+  return "built without the sm_80 target";
+}
+
+class DISPATCH_SUITE : public testing::Test {
+ protected:
+  void SetUp() override { reset_fakes(); }
+  void TearDown() override { reset_fakes(); }
+};
+
+TEST_F(DISPATCH_SUITE, BackendQueryPerDevice) {
+  for (int d = 0; d < kNumFake; ++d) {
+    m3qkv_backend_kind k = static_cast<m3qkv_backend_kind>(-1);
+    EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS) << "device " << d << ": " << m3qkv_last_error();
+    EXPECT_EQ(k, expected_fused(d)) << "device " << d;
+  }
+  m3qkv_backend_kind k = M3QKV_BACKEND_SM90;
+  const int n = static_cast<int>(fake_cuda().cc.size());
+  EXPECT_EQ(Under::backend(n, &k), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_backend: device = " + std::to_string(n) +
+                                               " is not a valid CUDA device (this process sees " + std::to_string(n) +
+                                               ")"))
+      << m3qkv_last_error();
+  EXPECT_EQ(k, M3QKV_BACKEND_NONE);
+  EXPECT_EQ(Under::backend(kCC80, nullptr), M3QKV_ERROR_NULL_POINTER);
+}
+
+TEST_F(DISPATCH_SUITE, FusedDispatchesPerDevice) {
+  float* tap = dptr<float>(40);
+  const auto stream = reinterpret_cast<cudaStream_t>(dptr(41));
+  const m3qkv_fused_args a = good_fused();
+  for (int d = 0; d < kNumFake; ++d) {
+    SCOPED_TRACE("device " + std::to_string(d));
+    fake_cuda().current = d;
+    launch_log().reset();
+    const m3qkv_backend_kind want = expected_fused(d);
+    const m3qkv_status st = Under::testing_fused(&a, tap, M3QKV_BACKEND_NONE, stream);
+    if (want == M3QKV_BACKEND_NONE) {
+      EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+      EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_fused_qkv: ")) << m3qkv_last_error();
+      EXPECT_TRUE(contains(m3qkv_last_error(), why_none(d))) << m3qkv_last_error();
+      EXPECT_TRUE(launch_log().all.empty());
+      continue;
+    }
+    ASSERT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_STREQ(m3qkv_last_error(), "");
+    EXPECT_EQ(launch_log().all, std::vector<std::string>{fused_launcher(want)});
+    EXPECT_EQ(launch_log().dev.device, d);
+    EXPECT_EQ(launch_log().dev.cc_major, fake_cuda().cc[static_cast<size_t>(d)].first);
+    EXPECT_EQ(launch_log().dev.cc_minor, fake_cuda().cc[static_cast<size_t>(d)].second);
+    EXPECT_EQ(launch_log().dev.num_sms, 100 + d);
+    EXPECT_EQ(launch_log().dev.l2_bytes, (1 << 20) * (d + 1));
+    EXPECT_EQ(launch_log().dev.max_smem_optin, 1000 * (d + 1));
+    EXPECT_EQ(launch_log().acc_tap, tap);
+    EXPECT_EQ(launch_log().stream, stream);
+    // The public entry point takes the same path without a tap.
+    launch_log().reset();
+    ASSERT_EQ(Under::fused(&a, stream), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(launch_log().last, fused_launcher(want));
+    EXPECT_EQ(launch_log().acc_tap, nullptr);
+  }
+}
+
+TEST_F(DISPATCH_SUITE, UnfusedOpsUseThePortableKernels) {
+  const m3qkv_insert_args i = good_insert();
+  const m3qkv_gemm_args g = good_gemm();
+  const m3qkv_quantize_args q = good_quantize();
+  for (int d = 0; d < kNumFake; ++d) {
+    SCOPED_TRACE("device " + std::to_string(d));
+    fake_cuda().current = d;
+    launch_log().reset();
+    const bool ok = can_run(M3QKV_BACKEND_PORTABLE, d);
+    const m3qkv_status want = ok ? M3QKV_SUCCESS : M3QKV_ERROR_UNSUPPORTED_DEVICE;
+    const auto check = [&](m3qkv_status st, const char* fn) {
+      const std::string msg = m3qkv_last_error();
+      EXPECT_EQ(st, want) << msg;
+      if (!ok) {
+        EXPECT_TRUE(contains(msg, std::string(fn) + ": ")) << msg;
+        EXPECT_TRUE(contains(msg, why_none(d))) << msg;
+      }
+    };
+    check(Under::insert(&i), "m3qkv_qknorm_rope_kv_insert");
+    check(Under::gemm(&g), "m3qkv_mxfp8_gemm");
+    check(Under::quantize(&q), "m3qkv_mxfp8_quantize");
+    const std::vector<std::string> launched =
+        ok ? std::vector<std::string>{"portable_insert", "portable_gemm", "portable_quantize"}
+           : std::vector<std::string>{};
+    EXPECT_EQ(launch_log().all, launched);
+  }
+}
+
+TEST_F(DISPATCH_SUITE, ForcedBackends) {
+  const m3qkv_fused_args a = good_fused();
+  for (int d = 0; d < kNumFake; ++d) {
+    for (m3qkv_backend_kind b : {M3QKV_BACKEND_PORTABLE, M3QKV_BACKEND_SM90, M3QKV_BACKEND_SM100}) {
+      SCOPED_TRACE("device " + std::to_string(d) + ", force " + m3qkv_backend_name(b));
+      fake_cuda().current = d;
+      launch_log().reset();
+      const m3qkv_status st = Under::testing_fused(&a, nullptr, b);
+      if (can_run(b, d)) {
+        EXPECT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+        EXPECT_EQ(launch_log().all, std::vector<std::string>{fused_launcher(b)});
+      } else {
+        EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+        EXPECT_TRUE(contains(m3qkv_last_error(), std::string("force_backend = ") + m3qkv_backend_name(b)))
+            << m3qkv_last_error();
+        EXPECT_TRUE(launch_log().all.empty());
+      }
+    }
+  }
+  EXPECT_EQ(Under::testing_fused(&a, nullptr, static_cast<m3qkv_backend_kind>(9)), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(launch_log().all.empty());
+}
+
+TEST_F(DISPATCH_SUITE, EmptyOrInvalidCallsNeverTouchTheDevice) {
+  const int before = fake_cuda().get_device_calls.load();
+  m3qkv_fused_args a = good_fused();
+  a.m = 0;
+  a.xq = nullptr;
+  EXPECT_EQ(Under::fused(&a), M3QKV_SUCCESS);
+  m3qkv_gemm_args g = good_gemm();
+  g.m = 0;
+  EXPECT_EQ(Under::gemm(&g), M3QKV_SUCCESS);
+  a = good_fused();
+  a.k = 100;
+  EXPECT_EQ(Under::fused(&a), M3QKV_ERROR_INVALID_SHAPE);
+  m3qkv_quantize_args q = good_quantize();
+  q.xsf = dptr<char>(2) + 1;
+  EXPECT_EQ(Under::quantize(&q), M3QKV_ERROR_MISALIGNED);
+  EXPECT_EQ(fake_cuda().get_device_calls.load(), before);
+  EXPECT_TRUE(launch_log().all.empty());
+}
+
+TEST_F(DISPATCH_SUITE, CudaErrorsAreReported) {
+  const m3qkv_fused_args a = good_fused();
+  const int consumed = fake_cuda().get_last_error_calls.load();
+  fake_cuda().get_device_err = cudaErrorInitializationError;
+  EXPECT_EQ(Under::fused(&a), M3QKV_ERROR_CUDA_ERROR);
+  const std::string msg = m3qkv_last_error();
+  EXPECT_TRUE(contains(msg, "m3qkv_fused_qkv: cudaGetDevice")) << msg;
+  EXPECT_TRUE(contains(msg, "cudaErrorInitializationError")) << msg;
+  EXPECT_GT(fake_cuda().get_last_error_calls.load(), consumed) << "the CUDA error was left pending";
+
+  for (cudaError_t e : {cudaErrorNoDevice, cudaErrorInsufficientDriver, cudaErrorStubLibrary}) {
+    fake_cuda().get_device_err = e;
+    EXPECT_EQ(Under::fused(&a), M3QKV_ERROR_UNSUPPORTED_DEVICE) << cudaGetErrorName(e);
+    EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_fused_qkv: no CUDA device is available")) << m3qkv_last_error();
+  }
+  fake_cuda().get_device_err = cudaSuccess;
+
+  // A failing attribute query is reported and not cached.
+  const int kFailing = fresh_device(8, 0);
+  fake_cuda().attr_fail_device = kFailing;
+  m3qkv_backend_kind k = M3QKV_BACKEND_SM100;
+  EXPECT_EQ(Under::backend(kFailing, &k), M3QKV_ERROR_CUDA_ERROR);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_backend: cudaDeviceGetAttribute")) << m3qkv_last_error();
+  EXPECT_TRUE(contains(m3qkv_last_error(), "cudaErrorInvalidValue")) << m3qkv_last_error();
+  EXPECT_EQ(k, M3QKV_BACKEND_NONE);
+  fake_cuda().attr_fail_device = -1;
+  EXPECT_EQ(Under::backend(kFailing, &k), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(k, expected_fused(kFailing));
+  EXPECT_TRUE(launch_log().all.empty());
+}
+
+TEST_F(DISPATCH_SUITE, DeviceFactsAreCachedPerDevice) {
+  m3qkv::DeviceInfo d1, d2;
+  ASSERT_EQ(Under::query(kCC86, &d1), M3QKV_SUCCESS);
+  const int calls = fake_cuda().attr_calls.load();
+  ASSERT_EQ(Under::query(kCC86, &d2), M3QKV_SUCCESS);
+  EXPECT_EQ(fake_cuda().attr_calls.load(), calls) << "second query went to the driver";
+  EXPECT_EQ(d2.device, kCC86);
+  EXPECT_EQ(d2.cc_major, 8);
+  EXPECT_EQ(d2.cc_minor, 6);
+  EXPECT_EQ(d2.num_sms, 100 + kCC86);
+  EXPECT_EQ(d1.num_sms, d2.num_sms);
+  EXPECT_EQ(Under::query(-2, &d1), M3QKV_ERROR_INVALID_ARGUMENT);
+}
+
+TEST_F(DISPATCH_SUITE, DeviceCacheIsThreadSafe) {
+  const int kFresh = fresh_device(9, 0);
+  std::vector<m3qkv::DeviceInfo> got(8);
+  std::vector<m3qkv_status> st(8, M3QKV_ERROR_INTERNAL);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t) {
+    threads.emplace_back([&, t] { st[t] = Under::query(kFresh, &got[t]); });
+  }
+  for (auto& th : threads) th.join();
+  for (size_t t = 0; t < got.size(); ++t) {
+    EXPECT_EQ(st[t], M3QKV_SUCCESS);
+    EXPECT_EQ(got[t].device, kFresh);
+    EXPECT_EQ(got[t].cc_major, 9);
+    EXPECT_EQ(got[t].num_sms, 100 + kFresh);
+  }
+}
+
+TEST_F(DISPATCH_SUITE, LauncherFailureIsReturnedAsIs) {
+  fake_cuda().current = kCC80;
+  launch_log().result = M3QKV_ERROR_CUDA_ERROR;
+  const m3qkv_fused_args a = good_fused();
+  const m3qkv_status st = Under::fused(&a);
+  if (expected_fused(kCC80) == M3QKV_BACKEND_NONE) {
+    EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+    return;
+  }
+  EXPECT_EQ(st, M3QKV_ERROR_CUDA_ERROR);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "portable_fused: scripted failure")) << m3qkv_last_error();
+}
+
+TEST_F(DISPATCH_SUITE, WarmupPerDevice) {
+  for (int d = 0; d < kNumFake; ++d) {
+    SCOPED_TRACE("device " + std::to_string(d));
+    reset_fakes();
+    fake_cuda().current = kCC86;  // the caller's device, restored afterwards
+    const m3qkv_backend_kind fused = expected_fused(d);
+    const m3qkv_status st = Under::warmup(d);
+    if (fused == M3QKV_BACKEND_NONE) {
+      EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+      EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_warmup: ")) << m3qkv_last_error();
+      EXPECT_TRUE(launch_log().all.empty());
+      EXPECT_TRUE(fake_cuda().set_device_log.empty());
+      continue;
+    }
+    ASSERT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+    std::vector<std::string> want;
+    if (can_run(M3QKV_BACKEND_PORTABLE, d)) want.push_back("portable_warmup");
+    if (fused == M3QKV_BACKEND_SM90) want.push_back("sm90_warmup");
+    if (fused == M3QKV_BACKEND_SM100 || (kSm100OnSm90 && can_run(M3QKV_BACKEND_SM100, d)))
+      want.push_back("sm100_warmup");
+    EXPECT_EQ(launch_log().all, want);
+    EXPECT_EQ(launch_log().dev.device, d);
+    EXPECT_EQ(fake_cuda().set_device_log, (std::vector<int>{d, kCC86}));
+    EXPECT_EQ(fake_cuda().current, kCC86);
+  }
+  reset_fakes();
+  fake_cuda().set_device_err = cudaErrorDevicesUnavailable;
+  const m3qkv_status st = Under::warmup(kCC100);
+  if (expected_fused(kCC100) != M3QKV_BACKEND_NONE) {
+    EXPECT_EQ(st, M3QKV_ERROR_CUDA_ERROR);
+    EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_warmup: cudaSetDevice")) << m3qkv_last_error();
+    EXPECT_TRUE(launch_log().all.empty());
+  }
+  EXPECT_EQ(Under::warmup(-1), M3QKV_ERROR_INVALID_ARGUMENT);
+}
+
+}  // namespace

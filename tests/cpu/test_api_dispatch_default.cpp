@@ -1,0 +1,17 @@
+// Dispatch of src/api/api.cpp in the build configuration 80;90a;100f before the Hopper kernel exists (M3QKV_HAVE_SM90_KERNEL undefined)
+// (fake CUDA runtime and recording launchers: see api_dispatch_harness.h).
+#define M3QKV_WITH_PORTABLE 1
+#define M3QKV_WITH_SM90 1
+#define M3QKV_WITH_SM100 1
+#define DISPATCH_PREFIX dispatch_default_
+#define DISPATCH_SUITE ApiDispatchDefaultBuild
+#include "api_dispatch_harness.h"
+
+namespace {
+constexpr bool kBuiltPortable = true;
+constexpr bool kBuiltSm90 = false;
+constexpr bool kBuiltSm100 = true;
+constexpr bool kSm100OnSm90 = false;
+}  // namespace
+
+#include "api_dispatch_tests.h"

@@ -1,0 +1,767 @@
+// Validation of the C API (SPEC §2, §6, §8): every rule has a test that the bad
+// value is rejected with its status and a message naming the argument and its
+// value; fully valid argument structs pass.
+//
+// Safety on GPU machines: these tests use fake device pointers (well-aligned
+// integers, never dereferenced). A public entry point is only called with
+// arguments that validate_* has already rejected (rejections launch nothing),
+// or with m == 0 (a no-op), or — for the "no device" checks — only when the
+// process sees no CUDA device.
+#include <gtest/gtest.h>
+
+#include <cinttypes>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "api/internal.h"
+#include "m3qkv/m3qkv.h"
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// Fake pointers: distinct 1 MiB-spaced addresses far from anything mapped,
+// aligned to 1 MiB, plus an optional byte offset to make them misaligned.
+// ---------------------------------------------------------------------------
+constexpr uintptr_t kFakeBase = uintptr_t{1} << 44;
+
+template <class T = void>
+T* fake(int slot, uintptr_t offset = 0) {
+  return reinterpret_cast<T*>(kFakeBase + static_cast<uintptr_t>(slot) * 0x100000u + offset);
+}
+
+std::string hex(const void* p) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
+  return buf;
+}
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+bool process_sees_a_gpu() {
+  int count = 0;
+  const bool gpu = cudaGetDeviceCount(&count) == cudaSuccess && count > 0;
+  (void)cudaGetLastError();
+  return gpu;
+}
+
+// ---------------------------------------------------------------------------
+// Valid argument structs (MiniMax-M3 TP4: nq 16, nkv 1, niq 1, nik 1, K 6144,
+// block_size 16: kv page 2·1·16·72 = 2304 B, index page 16·72 = 1152 B).
+// ---------------------------------------------------------------------------
+template <class A>
+void fill_epilogue(A& a) {
+  a.m = 7;
+  a.nq = 16;
+  a.nkv = 1;
+  a.niq = 1;
+  a.nik = 1;
+  a.positions = fake<const int64_t>(10);
+  a.max_position = 4096;
+  a.cos_sin_cache = fake(11);
+  a.q_norm_weight = fake(12);
+  a.k_norm_weight = fake(13);
+  a.index_q_norm_weight = fake(14);
+  a.index_k_norm_weight = fake(15);
+  a.eps = 1e-6f;
+  a.slot_mapping = fake<const int64_t>(16);
+  a.index_slot_mapping = fake<const int64_t>(17);
+  a.kv_cache = fake(18);
+  a.kv_page_stride = 2304;
+  a.num_blocks = 4;
+  a.index_cache = fake(19);
+  a.index_page_stride = 1152;
+  a.num_index_blocks = 2;
+  a.block_size = 16;
+  a.q_out = fake(20);
+  a.q_fp8_out = fake(21);
+  a.index_q_out = fake(22);
+  a.q_fp8_scale = 1.0f;
+  a.k_scale = 1.0f;
+  a.v_scale = 1.0f;
+  a.use_pdl = 1;
+  a.grid = 0;
+  a.error_flags = fake<uint32_t>(23);
+}
+
+m3qkv_fused_args valid_fused() {
+  m3qkv_fused_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  fill_epilogue(a);
+  a.k = 6144;
+  a.xq = fake(1);
+  a.xsf = fake(2);
+  a.wq = fake(3);
+  a.wsf = fake(4);
+  a.cta_group = 0;
+  return a;
+}
+
+m3qkv_insert_args valid_insert() {
+  m3qkv_insert_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  fill_epilogue(a);
+  a.qkv = fake(5);
+  return a;
+}
+
+m3qkv_gemm_args valid_gemm() {
+  m3qkv_gemm_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.m = 7;
+  a.n = 2560;
+  a.k = 6144;
+  a.xq = fake(1);
+  a.xsf = fake(2);
+  a.wq = fake(3);
+  a.wsf = fake(4);
+  a.out = fake(6);
+  a.use_pdl = 0;
+  a.grid = 0;
+  return a;
+}
+
+m3qkv_quantize_args valid_quantize() {
+  m3qkv_quantize_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.m = 7;
+  a.k = 6144;
+  a.x = fake(7);
+  a.xq = fake(1);
+  a.xsf = fake(2);
+  a.use_pdl = 1;
+  return a;
+}
+
+// Per-struct glue: the valid struct, the validator, the public entry point
+// and the function name that must open every message.
+template <class A>
+struct Api;
+template <>
+struct Api<m3qkv_fused_args> {
+  static m3qkv_fused_args valid() { return valid_fused(); }
+  static m3qkv_status validate(const m3qkv_fused_args* a, bool* n) { return m3qkv::validate_fused(a, n); }
+  static m3qkv_status call(const m3qkv_fused_args* a) { return m3qkv_fused_qkv(a, nullptr); }
+  static constexpr const char* fn = "m3qkv_fused_qkv";
+};
+template <>
+struct Api<m3qkv_insert_args> {
+  static m3qkv_insert_args valid() { return valid_insert(); }
+  static m3qkv_status validate(const m3qkv_insert_args* a, bool* n) { return m3qkv::validate_insert(a, n); }
+  static m3qkv_status call(const m3qkv_insert_args* a) { return m3qkv_qknorm_rope_kv_insert(a, nullptr); }
+  static constexpr const char* fn = "m3qkv_qknorm_rope_kv_insert";
+};
+template <>
+struct Api<m3qkv_gemm_args> {
+  static m3qkv_gemm_args valid() { return valid_gemm(); }
+  static m3qkv_status validate(const m3qkv_gemm_args* a, bool* n) { return m3qkv::validate_gemm(a, n); }
+  static m3qkv_status call(const m3qkv_gemm_args* a) { return m3qkv_mxfp8_gemm(a, nullptr); }
+  static constexpr const char* fn = "m3qkv_mxfp8_gemm";
+};
+template <>
+struct Api<m3qkv_quantize_args> {
+  static m3qkv_quantize_args valid() { return valid_quantize(); }
+  static m3qkv_status validate(const m3qkv_quantize_args* a, bool* n) { return m3qkv::validate_quantize(a, n); }
+  static m3qkv_status call(const m3qkv_quantize_args* a) { return m3qkv_mxfp8_quantize(a, nullptr); }
+  static constexpr const char* fn = "m3qkv_mxfp8_quantize";
+};
+
+// One rejection rule: how to break a valid struct, the expected status and
+// substrings the message must contain (argument name and value).
+template <class A>
+struct Case {
+  std::string name;
+  std::function<void(A&)> mutate;
+  m3qkv_status want;
+  std::vector<std::string> needles;
+};
+template <class A>
+void PrintTo(const Case<A>& c, std::ostream* os) {
+  *os << c.name;
+}
+
+// Breaks a valid struct per `c` and checks validate_* and the public entry
+// point reject it with the same status and a message naming the argument.
+template <class A>
+void expect_rejected(const Case<A>& c) {
+  A a = Api<A>::valid();
+  c.mutate(a);
+  bool noop = true;
+  const m3qkv_status direct = Api<A>::validate(&a, &noop);
+  EXPECT_FALSE(noop);
+  // Guard: never call the public API with arguments that pass validation.
+  ASSERT_NE(direct, M3QKV_SUCCESS) << "case " << c.name << " was accepted by validation";
+  EXPECT_EQ(direct, c.want) << m3qkv_status_string(direct) << ": " << m3qkv_last_error();
+
+  const m3qkv_status st = Api<A>::call(&a);
+  const std::string msg = m3qkv_last_error();
+  EXPECT_EQ(st, c.want) << m3qkv_status_string(st) << ": " << msg;
+  EXPECT_EQ(msg.rfind(std::string(Api<A>::fn) + ": ", 0), 0u) << msg;
+  for (const std::string& n : c.needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
+}
+
+template <class A>
+std::vector<Case<A>> concat(std::vector<Case<A>> a, const std::vector<Case<A>>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Shorthands for the case tables.
+constexpr m3qkv_status kShape = M3QKV_ERROR_INVALID_SHAPE;
+constexpr m3qkv_status kArg = M3QKV_ERROR_INVALID_ARGUMENT;
+constexpr m3qkv_status kNull = M3QKV_ERROR_NULL_POINTER;
+constexpr m3qkv_status kAlign = M3QKV_ERROR_MISALIGNED;
+constexpr m3qkv_status kLarge = M3QKV_ERROR_TOO_LARGE;
+constexpr m3qkv_status kSize = M3QKV_ERROR_STRUCT_SIZE;
+
+// Float rules: each bad value of `field` (a member pointer) gives kArg with "<field> = <value>".
+template <class A>
+std::vector<Case<A>> bad_floats(const char* field, float A::*member, bool zero_ok) {
+  std::vector<Case<A>> out;
+  struct Bad {
+    const char* tag;
+    float v;
+    const char* text;
+  };
+  std::vector<Bad> bads = {{"negative", -0.5f, "-0.5"}, {"nan", kNaN, "nan"}, {"inf", kInf, "inf"},
+                           {"minus_inf", -kInf, "-inf"}};
+  if (!zero_ok) bads.push_back({"zero", 0.0f, "= 0 "});
+  for (const Bad& b : bads) {
+    const float v = b.v;
+    std::string needle = std::string(field) + " = " + (b.text[0] == '=' ? "0 " : b.text);
+    out.push_back({std::string(field) + "_" + b.tag, [member, v](A& a) { a.*member = v; }, kArg, {needle}});
+  }
+  return out;
+}
+
+// Pointer rules: NULL -> kNull "<field> = NULL"; +offset -> kAlign "<field> = 0x..." "<align>-byte".
+template <class A, class P>
+std::vector<Case<A>> bad_pointer(const char* field, P A::*member, bool required, uintptr_t offset, int align) {
+  std::vector<Case<A>> out;
+  if (required) {
+    out.push_back({std::string(field) + "_null", [member](A& a) { a.*member = nullptr; }, kNull,
+                   {std::string(field) + " = NULL"}});
+  }
+  A probe = Api<A>::valid();
+  const void* bad = reinterpret_cast<const char*>(probe.*member) + offset;
+  out.push_back({std::string(field) + "_misaligned_by_" + std::to_string(offset),
+                 [member, offset](A& a) {
+                   a.*member = reinterpret_cast<P>(reinterpret_cast<uintptr_t>(a.*member) + offset);
+                 },
+                 kAlign,
+                 {std::string(field) + " = " + hex(bad), std::to_string(align) + "-byte aligned"}});
+  return out;
+}
+
+template <class A>
+std::vector<Case<A>> struct_size_cases() {
+  const size_t s = sizeof(A);
+  return {
+      {"struct_size_zero", [](A& a) { a.struct_size = 0; }, kSize, {"struct_size = 0", std::to_string(s)}},
+      {"struct_size_smaller", [s](A& a) { a.struct_size = s - 8; }, kSize, {"struct_size = " + std::to_string(s - 8)}},
+      {"struct_size_larger", [s](A& a) { a.struct_size = s + 8; }, kSize, {"struct_size = " + std::to_string(s + 8)}},
+  };
+}
+
+template <class A>
+std::vector<Case<A>> m_cases() {
+  return {
+      {"m_negative", [](A& a) { a.m = -1; }, kShape, {"m = -1", ">= 0"}},
+      {"m_min_int64", [](A& a) { a.m = INT64_MIN; }, kShape, {"m = " + std::to_string(INT64_MIN)}},
+      {"m_2pow31", [](A& a) { a.m = int64_t{1} << 31; }, kLarge, {"m = 2147483648"}},
+  };
+}
+
+template <class A>
+std::vector<Case<A>> k_cases() {
+  return {
+      {"k_zero", [](A& a) { a.k = 0; }, kShape, {"k = 0", "> 0"}},
+      {"k_negative", [](A& a) { a.k = -128; }, kShape, {"k = -128"}},
+      {"k_not_multiple_of_128", [](A& a) { a.k = 100; }, kShape, {"k = 100 is not a multiple of 128"}},
+      {"k_64", [](A& a) { a.k = 64; }, kShape, {"k = 64 is not a multiple of 128"}},
+      {"k_over_2pow20", [](A& a) { a.k = (int64_t{1} << 20) + 128; }, kLarge, {"k = 1048704"}},
+  };
+}
+
+template <class A>
+std::vector<Case<A>> use_pdl_grid_cases() {
+  return {
+      {"use_pdl_2", [](A& a) { a.use_pdl = 2; }, kArg, {"use_pdl = 2"}},
+      {"use_pdl_negative", [](A& a) { a.use_pdl = -1; }, kArg, {"use_pdl = -1"}},
+      {"grid_negative", [](A& a) { a.grid = -1; }, kArg, {"grid = -1"}},
+  };
+}
+
+// Rules of the epilogue fields, shared by m3qkv_fused_args and m3qkv_insert_args.
+template <class A>
+std::vector<Case<A>> epilogue_cases() {
+  std::vector<Case<A>> c = {
+      // Head counts (SPEC §2).
+      {"nq_zero", [](A& a) { a.nq = 0; }, kShape, {"nq = 0", ">= 1"}},
+      {"nq_negative", [](A& a) { a.nq = -16; }, kShape, {"nq = -16"}},
+      {"nkv_zero", [](A& a) { a.nkv = 0; }, kShape, {"nkv = 0"}},
+      {"nkv_negative", [](A& a) { a.nkv = -1; }, kShape, {"nkv = -1"}},
+      {"nq_not_multiple_of_nkv", [](A& a) { a.nkv = 3; a.niq = 3; a.kv_page_stride = 6912; }, kShape,
+       {"nq = 16 is not a multiple of nkv = 3"}},
+      {"niq_not_nkv", [](A& a) { a.nkv = 2; a.niq = 1; a.kv_page_stride = 4608; }, kShape, {"niq = 1", "nkv = 2"}},
+      {"niq_above_nkv", [](A& a) { a.niq = 2; }, kShape, {"niq = 2"}},
+      {"niq_negative", [](A& a) { a.niq = -1; }, kShape, {"niq = -1"}},
+      {"nik_2", [](A& a) { a.nik = 2; }, kShape, {"nik = 2", "0 or 1"}},
+      {"nik_negative", [](A& a) { a.nik = -1; }, kShape, {"nik = -1"}},
+      {"too_many_heads", [](A& a) { a.nq = 1 << 17; }, kLarge, {"N = ", "131072"}},
+      // Paged caches (SPEC §2, §4).
+      {"block_size_zero", [](A& a) { a.block_size = 0; }, kShape, {"block_size = 0"}},
+      {"block_size_negative", [](A& a) { a.block_size = -16; }, kShape, {"block_size = -16"}},
+      {"block_size_not_multiple_of_4", [](A& a) { a.block_size = 6; }, kShape,
+       {"block_size = 6 is not a multiple of 4"}},
+      {"kv_page_stride_not_multiple_of_32", [](A& a) { a.kv_page_stride = 2304 + 16; }, kShape,
+       {"kv_page_stride = 2320 is not a multiple of 32"}},
+      {"kv_page_stride_below_packed_page", [](A& a) { a.kv_page_stride = 2304 - 32; }, kShape,
+       {"kv_page_stride = 2272", "2304"}},
+      {"kv_page_stride_below_page_of_block_size_64", [](A& a) { a.block_size = 64; }, kShape,
+       {"kv_page_stride = 2304", "9216"}},
+      {"kv_page_stride_below_page_of_nkv_2", [](A& a) { a.nq = 32; a.nkv = 2; a.niq = 2; }, kShape,
+       {"kv_page_stride = 2304", "4608"}},
+      {"kv_page_stride_zero", [](A& a) { a.kv_page_stride = 0; }, kShape, {"kv_page_stride = 0"}},
+      {"kv_page_stride_negative", [](A& a) { a.kv_page_stride = -2304; }, kShape, {"kv_page_stride = -2304"}},
+      {"num_blocks_zero", [](A& a) { a.num_blocks = 0; }, kShape, {"num_blocks = 0", ">= 1"}},
+      {"num_blocks_negative", [](A& a) { a.num_blocks = -3; }, kShape, {"num_blocks = -3"}},
+      {"kv_cache_bytes_overflow", [](A& a) { a.num_blocks = INT64_MAX / 1000; }, kLarge,
+       {"num_blocks*kv_page_stride", std::to_string(INT64_MAX / 1000)}},
+      {"index_page_stride_not_multiple_of_32", [](A& a) { a.index_page_stride = 1152 + 8; }, kShape,
+       {"index_page_stride = 1160 is not a multiple of 32"}},
+      {"index_page_stride_below_packed_page", [](A& a) { a.index_page_stride = 1152 - 32; }, kShape,
+       {"index_page_stride = 1120", "1152"}},
+      {"index_page_stride_zero", [](A& a) { a.index_page_stride = 0; }, kShape, {"index_page_stride = 0"}},
+      {"num_index_blocks_zero", [](A& a) { a.num_index_blocks = 0; }, kShape, {"num_index_blocks = 0"}},
+      {"index_cache_bytes_overflow", [](A& a) { a.num_index_blocks = INT64_MAX / 1000; }, kLarge,
+       {"num_index_blocks*index_page_stride"}},
+      {"max_position_zero", [](A& a) { a.max_position = 0; }, kShape, {"max_position = 0", ">= 1"}},
+      {"max_position_negative", [](A& a) { a.max_position = -5; }, kShape, {"max_position = -5"}},
+      {"max_position_overflow", [](A& a) { a.max_position = INT64_MAX / 64; }, kLarge,
+       {"max_position", std::to_string(INT64_MAX / 64)}},
+      // q outputs.
+      {"no_q_output", [](A& a) { a.q_out = nullptr; a.q_fp8_out = nullptr; }, kArg,
+       {"q_out = NULL", "q_fp8_out = NULL", "at least one"}},
+  };
+  c = concat(c, m_cases<A>());
+  c = concat(c, use_pdl_grid_cases<A>());
+  c = concat(c, struct_size_cases<A>());
+  c = concat(c, bad_floats<A>("eps", &A::eps, /*zero_ok=*/true));
+  c = concat(c, bad_floats<A>("q_fp8_scale", &A::q_fp8_scale, false));
+  c = concat(c, bad_floats<A>("k_scale", &A::k_scale, false));
+  c = concat(c, bad_floats<A>("v_scale", &A::v_scale, false));
+  c = concat(c, bad_pointer<A>("positions", &A::positions, true, 4, 8));
+  c = concat(c, bad_pointer<A>("cos_sin_cache", &A::cos_sin_cache, true, 8, 16));
+  c = concat(c, bad_pointer<A>("q_norm_weight", &A::q_norm_weight, true, 2, 16));
+  c = concat(c, bad_pointer<A>("k_norm_weight", &A::k_norm_weight, true, 8, 16));
+  c = concat(c, bad_pointer<A>("index_q_norm_weight", &A::index_q_norm_weight, true, 8, 16));
+  c = concat(c, bad_pointer<A>("index_k_norm_weight", &A::index_k_norm_weight, true, 4, 16));
+  c = concat(c, bad_pointer<A>("slot_mapping", &A::slot_mapping, true, 4, 8));
+  c = concat(c, bad_pointer<A>("index_slot_mapping", &A::index_slot_mapping, true, 1, 8));
+  c = concat(c, bad_pointer<A>("kv_cache", &A::kv_cache, true, 3, 16));
+  c = concat(c, bad_pointer<A>("index_cache", &A::index_cache, true, 8, 16));
+  c = concat(c, bad_pointer<A>("q_out", &A::q_out, false, 8, 16));
+  c = concat(c, bad_pointer<A>("q_fp8_out", &A::q_fp8_out, false, 1, 16));
+  c = concat(c, bad_pointer<A>("index_q_out", &A::index_q_out, true, 8, 16));
+  c = concat(c, bad_pointer<A>("error_flags", &A::error_flags, false, 2, 4));
+  return c;
+}
+
+template <class A>
+std::vector<Case<A>> gemm_operand_cases() {
+  std::vector<Case<A>> c;
+  c = concat(c, bad_pointer<A>("xq", &A::xq, true, 8, 16));
+  c = concat(c, bad_pointer<A>("xsf", &A::xsf, true, 4, 16));
+  c = concat(c, bad_pointer<A>("wq", &A::wq, true, 1, 16));
+  c = concat(c, bad_pointer<A>("wsf", &A::wsf, true, 8, 16));
+  return c;
+}
+
+std::vector<Case<m3qkv_fused_args>> fused_cases() {
+  using A = m3qkv_fused_args;
+  std::vector<Case<A>> c = {
+      {"cta_group_3", [](A& a) { a.cta_group = 3; }, kArg, {"cta_group = 3"}},
+      {"cta_group_negative", [](A& a) { a.cta_group = -1; }, kArg, {"cta_group = -1"}},
+  };
+  c = concat(c, epilogue_cases<A>());
+  c = concat(c, k_cases<A>());
+  c = concat(c, gemm_operand_cases<A>());
+  return c;
+}
+
+std::vector<Case<m3qkv_insert_args>> insert_cases() {
+  using A = m3qkv_insert_args;
+  return concat(epilogue_cases<A>(), bad_pointer<A>("qkv", &A::qkv, true, 8, 16));
+}
+
+std::vector<Case<m3qkv_gemm_args>> gemm_cases() {
+  using A = m3qkv_gemm_args;
+  std::vector<Case<A>> c = {
+      {"n_zero", [](A& a) { a.n = 0; }, kShape, {"n = 0", "> 0"}},
+      {"n_negative", [](A& a) { a.n = -128; }, kShape, {"n = -128"}},
+      {"n_not_multiple_of_128", [](A& a) { a.n = 2500; }, kShape, {"n = 2500 is not a multiple of 128"}},
+      {"n_over_2pow24", [](A& a) { a.n = (int64_t{1} << 24) + 128; }, kLarge, {"n = 16777344"}},
+  };
+  c = concat(c, m_cases<A>());
+  c = concat(c, k_cases<A>());
+  c = concat(c, use_pdl_grid_cases<A>());
+  c = concat(c, struct_size_cases<A>());
+  c = concat(c, gemm_operand_cases<A>());
+  c = concat(c, bad_pointer<A>("out", &A::out, true, 8, 16));
+  return c;
+}
+
+std::vector<Case<m3qkv_quantize_args>> quantize_cases() {
+  using A = m3qkv_quantize_args;
+  std::vector<Case<A>> c = {
+      {"use_pdl_2", [](A& a) { a.use_pdl = 2; }, kArg, {"use_pdl = 2"}},
+      {"use_pdl_negative", [](A& a) { a.use_pdl = -3; }, kArg, {"use_pdl = -3"}},
+  };
+  c = concat(c, m_cases<A>());
+  c = concat(c, k_cases<A>());
+  c = concat(c, struct_size_cases<A>());
+  c = concat(c, bad_pointer<A>("x", &A::x, true, 8, 16));
+  c = concat(c, bad_pointer<A>("xq", &A::xq, true, 4, 16));
+  c = concat(c, bad_pointer<A>("xsf", &A::xsf, true, 1, 16));
+  return c;
+}
+
+template <class A>
+std::string case_name(const testing::TestParamInfo<Case<A>>& info) {
+  return info.param.name;
+}
+
+// ---------------------------------------------------------------------------
+// One parameterized test per rule and entry point.
+// ---------------------------------------------------------------------------
+class FusedValidation : public testing::TestWithParam<Case<m3qkv_fused_args>> {};
+TEST_P(FusedValidation, Rejects) { expect_rejected(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Rules, FusedValidation, testing::ValuesIn(fused_cases()), case_name<m3qkv_fused_args>);
+
+class InsertValidation : public testing::TestWithParam<Case<m3qkv_insert_args>> {};
+TEST_P(InsertValidation, Rejects) { expect_rejected(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Rules, InsertValidation, testing::ValuesIn(insert_cases()), case_name<m3qkv_insert_args>);
+
+class GemmValidation : public testing::TestWithParam<Case<m3qkv_gemm_args>> {};
+TEST_P(GemmValidation, Rejects) { expect_rejected(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Rules, GemmValidation, testing::ValuesIn(gemm_cases()), case_name<m3qkv_gemm_args>);
+
+class QuantizeValidation : public testing::TestWithParam<Case<m3qkv_quantize_args>> {};
+TEST_P(QuantizeValidation, Rejects) { expect_rejected(GetParam()); }
+INSTANTIATE_TEST_SUITE_P(Rules, QuantizeValidation, testing::ValuesIn(quantize_cases()),
+                         case_name<m3qkv_quantize_args>);
+
+// ---------------------------------------------------------------------------
+// Exact message format, NULL args, valid structs, no-op.
+// ---------------------------------------------------------------------------
+TEST(Validation, MessageFormatIsExact) {
+  m3qkv_fused_args a = valid_fused();
+  a.k = 100;
+  bool noop = false;
+  ASSERT_EQ(m3qkv::validate_fused(&a, &noop), M3QKV_ERROR_INVALID_SHAPE);
+  EXPECT_STREQ(m3qkv_last_error(), "m3qkv_fused_qkv: k = 100 is not a multiple of 128");
+
+  a = valid_fused();
+  a.kv_cache = fake(18, 3);
+  ASSERT_EQ(m3qkv_fused_qkv(&a, nullptr), M3QKV_ERROR_MISALIGNED);
+  EXPECT_EQ(std::string(m3qkv_last_error()), "m3qkv_fused_qkv: kv_cache = " + hex(a.kv_cache) + " is not 16-byte aligned");
+}
+
+TEST(Validation, NullArgsRejected) {
+  EXPECT_EQ(m3qkv_fused_qkv(nullptr, nullptr), M3QKV_ERROR_NULL_POINTER);
+  EXPECT_STREQ(m3qkv_last_error(), "m3qkv_fused_qkv: args = NULL");
+  EXPECT_EQ(m3qkv_qknorm_rope_kv_insert(nullptr, nullptr), M3QKV_ERROR_NULL_POINTER);
+  EXPECT_STREQ(m3qkv_last_error(), "m3qkv_qknorm_rope_kv_insert: args = NULL");
+  EXPECT_EQ(m3qkv_mxfp8_gemm(nullptr, nullptr), M3QKV_ERROR_NULL_POINTER);
+  EXPECT_STREQ(m3qkv_last_error(), "m3qkv_mxfp8_gemm: args = NULL");
+  EXPECT_EQ(m3qkv_mxfp8_quantize(nullptr, nullptr), M3QKV_ERROR_NULL_POINTER);
+  EXPECT_STREQ(m3qkv_last_error(), "m3qkv_mxfp8_quantize: args = NULL");
+  bool noop = true;
+  EXPECT_EQ(m3qkv::validate_fused(nullptr, &noop), M3QKV_ERROR_NULL_POINTER);
+  EXPECT_FALSE(noop);
+}
+
+// Valid variants pass validation (validate_* directly: no launch on GPU machines).
+template <class A>
+void expect_valid(const A& a, const char* what) {
+  bool noop = true;
+  EXPECT_EQ(Api<A>::validate(&a, &noop), M3QKV_SUCCESS) << what << ": " << m3qkv_last_error();
+  EXPECT_FALSE(noop) << what;
+}
+
+TEST(Validation, ValidFusedVariantsPass) {
+  using A = m3qkv_fused_args;
+  const std::vector<std::pair<const char*, std::function<void(A&)>>> variants = {
+      {"TP4 seed", [](A&) {}},
+      {"TP8", [](A& a) { a.nq = 8; }},
+      {"TP2", [](A& a) { a.nq = 32; a.nkv = 2; a.niq = 2; a.kv_page_stride = 4608; }},
+      {"TP1", [](A& a) { a.nq = 64; a.nkv = 4; a.niq = 4; a.kv_page_stride = 2 * 4 * 16 * 72; }},
+      {"dense (niq = nik = 0, index fields unset)",
+       [](A& a) {
+         a.niq = 0;
+         a.nik = 0;
+         a.index_q_norm_weight = nullptr;
+         a.index_k_norm_weight = fake(15, 1);  // unused: neither presence nor alignment checked
+         a.index_q_out = nullptr;
+         a.index_slot_mapping = nullptr;
+         a.index_cache = nullptr;
+         a.index_page_stride = 0;
+         a.num_index_blocks = 0;
+       }},
+      {"niq = 0 with nik = 1", [](A& a) { a.niq = 0; a.index_q_out = nullptr; a.index_q_norm_weight = nullptr; }},
+      {"q_out only, q_fp8_scale unchecked", [](A& a) { a.q_fp8_out = nullptr; a.q_fp8_scale = kNaN; }},
+      {"q_fp8_out only", [](A& a) { a.q_out = nullptr; }},
+      {"no error_flags", [](A& a) { a.error_flags = nullptr; }},
+      {"cta_group 1", [](A& a) { a.cta_group = 1; }},
+      {"cta_group 2", [](A& a) { a.cta_group = 2; }},
+      {"grid 132, use_pdl 0", [](A& a) { a.grid = 132; a.use_pdl = 0; }},
+      {"eps 0 and -0", [](A& a) { a.eps = -0.0f; }},
+      {"scales 0.5 / 2, tiny q scale", [](A& a) { a.k_scale = 0.5f; a.v_scale = 2.0f; a.q_fp8_scale = 1e-30f; }},
+      {"block_size 4", [](A& a) { a.block_size = 4; }},
+      {"block_size 128, exact pages",
+       [](A& a) { a.block_size = 128; a.kv_page_stride = 2 * 128 * 72; a.index_page_stride = 128 * 72; }},
+      {"page strides larger than a page", [](A& a) { a.kv_page_stride = 4096; a.index_page_stride = 2048; }},
+      {"m 1", [](A& a) { a.m = 1; }},
+      {"m 2^31 - 1", [](A& a) { a.m = (int64_t{1} << 31) - 1; }},
+      {"k 128", [](A& a) { a.k = 128; }},
+      {"k 2^20", [](A& a) { a.k = int64_t{1} << 20; }},
+      {"max_position 1", [](A& a) { a.max_position = 1; }},
+      {"nq 3 nkv 3 niq 3", [](A& a) { a.nq = 3; a.nkv = 3; a.niq = 3; a.kv_page_stride = 2 * 3 * 16 * 72; }},
+      {"8-byte aligned int64 arrays, 4-byte flags",
+       [](A& a) {
+         a.positions = fake<const int64_t>(10, 8);
+         a.slot_mapping = fake<const int64_t>(16, 24);
+         a.index_slot_mapping = fake<const int64_t>(17, 40);
+         a.error_flags = fake<uint32_t>(23, 4);
+       }},
+  };
+  for (const auto& v : variants) {
+    A a = valid_fused();
+    v.second(a);
+    expect_valid(a, v.first);
+  }
+}
+
+TEST(Validation, ValidInsertGemmQuantizePass) {
+  expect_valid(valid_insert(), "insert TP4");
+  m3qkv_insert_args dense = valid_insert();
+  dense.niq = dense.nik = 0;
+  dense.index_cache = nullptr;
+  dense.num_index_blocks = 0;
+  expect_valid(dense, "insert dense");
+  expect_valid(valid_gemm(), "gemm");
+  m3qkv_gemm_args g = valid_gemm();
+  g.n = 128;
+  g.k = 128;
+  g.grid = 7;
+  expect_valid(g, "gemm 128x128");
+  expect_valid(valid_quantize(), "quantize");
+}
+
+// m == 0 is a no-op: SUCCESS with every data pointer NULL, through the public
+// API too (nothing is launched, no device is needed).
+TEST(Validation, EmptyBatchIsNoopWithNullPointers) {
+  m3qkv_fused_args f = valid_fused();
+  f.m = 0;
+  f.xq = f.xsf = f.wq = f.wsf = nullptr;
+  f.positions = f.slot_mapping = f.index_slot_mapping = nullptr;
+  f.cos_sin_cache = f.q_norm_weight = f.k_norm_weight = f.index_q_norm_weight = f.index_k_norm_weight = nullptr;
+  f.kv_cache = f.index_cache = f.q_out = f.q_fp8_out = f.index_q_out = nullptr;
+  f.error_flags = fake<uint32_t>(23, 1);  // misaligned, but never looked at
+  bool noop = false;
+  EXPECT_EQ(m3qkv::validate_fused(&f, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_TRUE(noop);
+  EXPECT_EQ(m3qkv_fused_qkv(&f, nullptr), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_STREQ(m3qkv_last_error(), "");
+  EXPECT_EQ(m3qkv_testing_fused_qkv(&f, nullptr, M3QKV_BACKEND_SM100, nullptr), M3QKV_SUCCESS);
+
+  m3qkv_insert_args i = valid_insert();
+  i.m = 0;
+  i.qkv = nullptr;
+  i.kv_cache = nullptr;
+  i.q_out = i.q_fp8_out = nullptr;
+  noop = false;
+  EXPECT_EQ(m3qkv::validate_insert(&i, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_TRUE(noop);
+  EXPECT_EQ(m3qkv_qknorm_rope_kv_insert(&i, nullptr), M3QKV_SUCCESS) << m3qkv_last_error();
+
+  m3qkv_gemm_args g = valid_gemm();
+  g.m = 0;
+  g.xq = g.xsf = g.wq = g.wsf = nullptr;
+  g.out = nullptr;
+  EXPECT_EQ(m3qkv_mxfp8_gemm(&g, nullptr), M3QKV_SUCCESS) << m3qkv_last_error();
+
+  m3qkv_quantize_args q = valid_quantize();
+  q.m = 0;
+  q.x = nullptr;
+  q.xq = q.xsf = nullptr;
+  EXPECT_EQ(m3qkv_mxfp8_quantize(&q, nullptr), M3QKV_SUCCESS) << m3qkv_last_error();
+}
+
+// The scalar rules still apply on an empty batch (checked before the no-op exit).
+TEST(Validation, EmptyBatchStillChecksScalars) {
+  m3qkv_fused_args f = valid_fused();
+  f.m = 0;
+  f.k = 100;
+  EXPECT_EQ(m3qkv_fused_qkv(&f, nullptr), M3QKV_ERROR_INVALID_SHAPE);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("k = 100"), std::string::npos);
+  f = valid_fused();
+  f.m = 0;
+  f.struct_size = 4;
+  EXPECT_EQ(m3qkv_fused_qkv(&f, nullptr), M3QKV_ERROR_STRUCT_SIZE);
+  f = valid_fused();
+  f.m = 0;
+  f.eps = kNaN;
+  EXPECT_EQ(m3qkv_fused_qkv(&f, nullptr), M3QKV_ERROR_INVALID_ARGUMENT);
+  m3qkv_gemm_args g = valid_gemm();
+  g.m = 0;
+  g.n = 100;
+  EXPECT_EQ(m3qkv_mxfp8_gemm(&g, nullptr), M3QKV_ERROR_INVALID_SHAPE);
+  m3qkv_quantize_args q = valid_quantize();
+  q.m = 0;
+  q.use_pdl = 5;
+  EXPECT_EQ(m3qkv_mxfp8_quantize(&q, nullptr), M3QKV_ERROR_INVALID_ARGUMENT);
+}
+
+// ---------------------------------------------------------------------------
+// API: statuses, names, thread-local errors, device queries.
+// ---------------------------------------------------------------------------
+const std::vector<m3qkv_status> kAllStatuses = {
+    M3QKV_SUCCESS,          M3QKV_ERROR_INVALID_ARGUMENT, M3QKV_ERROR_MISALIGNED, M3QKV_ERROR_UNSUPPORTED_DEVICE,
+    M3QKV_ERROR_CUDA_ERROR, M3QKV_ERROR_NULL_POINTER,     M3QKV_ERROR_STRUCT_SIZE, M3QKV_ERROR_INVALID_SHAPE,
+    M3QKV_ERROR_TOO_LARGE,  M3QKV_ERROR_INTERNAL};
+
+TEST(ApiStatus, StringsAreNonNullAndDistinct) {
+  std::set<std::string> seen;
+  for (m3qkv_status s : kAllStatuses) {
+    const char* text = m3qkv_status_string(s);
+    ASSERT_NE(text, nullptr);
+    EXPECT_GT(std::strlen(text), 0u);
+    EXPECT_TRUE(seen.insert(text).second) << "duplicate: " << text;
+  }
+  const char* unknown = m3qkv_status_string(static_cast<m3qkv_status>(1234));
+  ASSERT_NE(unknown, nullptr);
+  EXPECT_EQ(seen.count(unknown), 0u);
+}
+
+TEST(ApiStatus, BackendNamesAreNonNullAndDistinct) {
+  std::set<std::string> seen;
+  for (int k = M3QKV_BACKEND_NONE; k <= M3QKV_BACKEND_SM100; ++k) {
+    const char* text = m3qkv_backend_name(static_cast<m3qkv_backend_kind>(k));
+    ASSERT_NE(text, nullptr);
+    EXPECT_TRUE(seen.insert(text).second) << text;
+  }
+  EXPECT_NE(m3qkv_backend_name(static_cast<m3qkv_backend_kind>(-5)), nullptr);
+}
+
+TEST(ApiLastError, ClearedByTheNextSuccessfulCall) {
+  m3qkv_gemm_args g = valid_gemm();
+  g.n = 100;
+  ASSERT_EQ(m3qkv_mxfp8_gemm(&g, nullptr), M3QKV_ERROR_INVALID_SHAPE);
+  EXPECT_STRNE(m3qkv_last_error(), "");
+  g = valid_gemm();
+  g.m = 0;
+  ASSERT_EQ(m3qkv_mxfp8_gemm(&g, nullptr), M3QKV_SUCCESS);
+  EXPECT_STREQ(m3qkv_last_error(), "");
+}
+
+TEST(ApiLastError, IsThreadLocal) {
+  m3qkv_gemm_args g = valid_gemm();
+  g.n = 100;
+  ASSERT_EQ(m3qkv_mxfp8_gemm(&g, nullptr), M3QKV_ERROR_INVALID_SHAPE);
+  const std::string mine = m3qkv_last_error();
+  ASSERT_NE(mine.find("n = 100"), std::string::npos) << mine;
+
+  std::string other_before, other_after;
+  m3qkv_status other_status = M3QKV_SUCCESS;
+  std::thread t([&] {
+    other_before = m3qkv_last_error();
+    m3qkv_quantize_args q = valid_quantize();
+    q.k = 96;
+    other_status = m3qkv_mxfp8_quantize(&q, nullptr);
+    other_after = m3qkv_last_error();
+  });
+  t.join();
+  EXPECT_EQ(other_before, "") << "a new thread sees another thread's error";
+  EXPECT_EQ(other_status, M3QKV_ERROR_INVALID_SHAPE);
+  EXPECT_NE(other_after.find("m3qkv_mxfp8_quantize: k = 96"), std::string::npos) << other_after;
+  EXPECT_EQ(std::string(m3qkv_last_error()), mine) << "another thread's error overwrote this thread's";
+}
+
+TEST(ApiDevice, BackendQueryArgumentChecks) {
+  EXPECT_EQ(m3qkv_backend(0, nullptr), M3QKV_ERROR_NULL_POINTER);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("m3qkv_backend: out = NULL"), std::string::npos)
+      << m3qkv_last_error();
+  m3qkv_backend_kind kind = M3QKV_BACKEND_SM100;
+  EXPECT_EQ(m3qkv_backend(-1, &kind), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("device = -1"), std::string::npos) << m3qkv_last_error();
+  EXPECT_EQ(kind, M3QKV_BACKEND_NONE);
+  EXPECT_EQ(m3qkv_warmup(-3), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("m3qkv_warmup: device = -3"), std::string::npos)
+      << m3qkv_last_error();
+}
+
+TEST(ApiDevice, OrdinalBeyondTheDeviceCountIsRejected) {
+  m3qkv_backend_kind kind = M3QKV_BACKEND_SM100;
+  const m3qkv_status st = m3qkv_backend(1 << 20, &kind);
+  const std::string msg = m3qkv_last_error();
+  EXPECT_EQ(kind, M3QKV_BACKEND_NONE);
+  if (process_sees_a_gpu()) {
+    EXPECT_EQ(st, M3QKV_ERROR_INVALID_ARGUMENT) << msg;
+    EXPECT_NE(msg.find("device = 1048576"), std::string::npos) << msg;
+  } else {
+    EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE) << msg;
+    EXPECT_NE(msg.find("no CUDA device"), std::string::npos) << msg;
+  }
+}
+
+TEST(ApiTesting, ForcedBackendAndTapAreChecked) {
+  m3qkv_fused_args a = valid_fused();
+  EXPECT_EQ(m3qkv_testing_fused_qkv(&a, nullptr, static_cast<m3qkv_backend_kind>(7), nullptr),
+            M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("force_backend = 7"), std::string::npos) << m3qkv_last_error();
+  EXPECT_EQ(m3qkv_testing_fused_qkv(&a, fake<float>(30, 4), M3QKV_BACKEND_NONE, nullptr), M3QKV_ERROR_MISALIGNED);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("acc_tap = " + hex(fake<float>(30, 4))), std::string::npos)
+      << m3qkv_last_error();
+  a.k = 100;  // argument validation comes first
+  EXPECT_EQ(m3qkv_testing_fused_qkv(&a, nullptr, M3QKV_BACKEND_PORTABLE, nullptr), M3QKV_ERROR_INVALID_SHAPE);
+}
+
+// Without a CUDA device, fully valid calls are rejected after validation with
+// UNSUPPORTED_DEVICE (on a GPU machine they would launch on fake pointers, so
+// the test is skipped there; the GPU suite covers dispatch).
+TEST(ApiDevice, NoDeviceGivesUnsupportedDevice) {
+  if (process_sees_a_gpu()) GTEST_SKIP() << "a CUDA device is present: valid calls would launch";
+  const auto expect_no_device = [](m3qkv_status st, const char* fn) {
+    const std::string msg = m3qkv_last_error();
+    EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE) << fn << ": " << msg;
+    EXPECT_EQ(msg.rfind(std::string(fn) + ": no CUDA device is available", 0), 0u) << msg;
+  };
+  const m3qkv_fused_args f = valid_fused();
+  const m3qkv_insert_args i = valid_insert();
+  const m3qkv_gemm_args g = valid_gemm();
+  const m3qkv_quantize_args q = valid_quantize();
+  expect_no_device(m3qkv_fused_qkv(&f, nullptr), "m3qkv_fused_qkv");
+  expect_no_device(m3qkv_testing_fused_qkv(&f, nullptr, M3QKV_BACKEND_PORTABLE, nullptr), "m3qkv_fused_qkv");
+  expect_no_device(m3qkv_qknorm_rope_kv_insert(&i, nullptr), "m3qkv_qknorm_rope_kv_insert");
+  expect_no_device(m3qkv_mxfp8_gemm(&g, nullptr), "m3qkv_mxfp8_gemm");
+  expect_no_device(m3qkv_mxfp8_quantize(&q, nullptr), "m3qkv_mxfp8_quantize");
+  m3qkv_backend_kind kind = M3QKV_BACKEND_SM90;
+  expect_no_device(m3qkv_backend(0, &kind), "m3qkv_backend");
+  EXPECT_EQ(kind, M3QKV_BACKEND_NONE);
+  expect_no_device(m3qkv_warmup(0), "m3qkv_warmup");
+}
+
+}  // namespace
