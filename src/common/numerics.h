@@ -50,11 +50,16 @@ M3_HD float bits_f32(uint32_t u) {
 M3_HD bool is_nan_f32(float f) { return (f32_bits(f) & 0x7fffffffu) > 0x7f800000u; }
 M3_HD float abs_f32(float f) { return bits_f32(f32_bits(f) & 0x7fffffffu); }
 // IEEE maxNum: a NaN operand is ignored (SPEC §3.5 "max ignores NaN").
+// The host path is explicit: glibc's fmax returns NaN when an operand is a
+// *signalling* NaN (IEEE 754-2008 maxNum), while the GPU's fmaxf ignores any
+// NaN; a bf16 sNaN in the MX quantizer's input exposed the difference.
 M3_HD float max_num(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return fmaxf(a, b);
 #else
-  return std::fmax(a, b);
+  if (is_nan_f32(b)) return a;
+  if (is_nan_f32(a)) return b;
+  return a < b ? b : a;
 #endif
 }
 
@@ -103,7 +108,7 @@ inline float mul_rz_host(float a, float b) {
 }
 
 // Correctly rounded 1/sqrt(t) for t > 0 finite (NaN/inf/0/negatives follow
-// IEEE: rsqrt(+0) = +inf, rsqrt(+inf) = +0, rsqrt(<0) = NaN). The candidate
+// IEEE: rsqrt(±0) = ±inf, rsqrt(+inf) = +0, rsqrt(<0) = NaN). The candidate
 // from f64 is off by at most one ulp; it is fixed by deciding exactly, in
 // integers, on which side of 1/sqrt(t) each neighbouring midpoint lies:
 // m > 1/sqrt(t)  <=>  m²·t > 1, with m = Mm·2^em (25-bit Mm), t = Mt·2^et.
@@ -126,7 +131,7 @@ inline int rsqrt_mid_cmp(double mid, float t) {
 }
 inline float rsqrt_rn_host(float t) {
   if (is_nan_f32(t) || t < 0.0f) return bits_f32(0x7fc00000u);
-  if (t == 0.0f) return bits_f32(0x7f800000u);
+  if (t == 0.0f) return bits_f32(0x7f800000u | (f32_bits(t) & 0x80000000u));  // rsqrt(±0) = ±inf
   if (std::isinf(t)) return 0.0f;
   float r = static_cast<float>(1.0 / std::sqrt(static_cast<double>(t)));
   for (int it = 0; it < 4; ++it) {
@@ -185,14 +190,14 @@ M3_HD float e4m3_to_f32(uint8_t b) {
 }
 
 // f32 -> e4m3 as cvt.rn.satfinite.e4m3x2.f32: RN-even to E4M3 (subnormals down
-// to 2^-9), |x| >= 448 (incl. inf) -> ±448, NaN -> 0x7F with the sign kept (0xFF
-// for -NaN; CUDA 13 cuda_fp8.hpp host path; checked against the hardware by the
-// GPU suite).
+// to 2^-9), |x| >= 448 (incl. inf) -> ±448, any NaN -> 0x7F (the sign is dropped:
+// CUDA 13 cuda_fp8.hpp __nv_cvt_float_to_fp8 host path canonicalizes NaN to
+// 0x7FFFFFFF before converting; checked against the hardware by the GPU suite).
 M3_HD uint8_t f32_to_e4m3_satfinite_rn_soft(float f) {
   const uint32_t u = f32_bits(f);
   const uint8_t sign = static_cast<uint8_t>((u >> 24) & 0x80u);
   const uint32_t a = u & 0x7fffffffu;
-  if (a > 0x7f800000u) return static_cast<uint8_t>(sign | 0x7fu);
+  if (a > 0x7f800000u) return 0x7fu;
   if (a >= 0x43e00000u) return static_cast<uint8_t>(sign | 0x7eu);  // >= 448 (incl. inf): 448
   const int e = static_cast<int>(a >> 23);  // biased f32 exponent
   // Normal e4m3 needs unbiased exponent >= -6 (f32 biased >= 121).
@@ -247,6 +252,41 @@ M3_HD uint8_t f32_to_e2m1_satfinite_rn_soft(float f) {
   else if (a <= 5.0f) c = 6;
   else c = 7;
   return static_cast<uint8_t>(sign | c);
+}
+
+// --------------------------------------------------- MXFP8 (OCP MX) rule
+// 2^e as an f32 for e in [-149, 127] (exact; subnormal below -126).
+M3_HD float exp2i_f32(int e) {
+  if (e >= -126) return bits_f32(static_cast<uint32_t>(e + 127) << 23);
+  return bits_f32(1u << (e + 149));
+}
+// floor(log2(a)) of a finite a > 0 (subnormals included), exact from the bits.
+M3_HD int floor_log2_f32(float a) {
+  const uint32_t u = f32_bits(a) & 0x7fffffffu;
+  const int be = static_cast<int>(u >> 23);
+  if (be != 0) return be - 127;
+#if defined(__CUDA_ARCH__)
+  return -149 + (31 - __clz(u));
+#else
+  return -149 + (31 - __builtin_clz(u));
+#endif
+}
+// Shared exponent of one 32-value MX block (m3qkv_quantize_args):
+// e = clamp(floor(log2(amax)) - 8, -127, 127), where amax is the max_num fold
+// of |x| starting at +0 (NaN elements are ignored). amax = 0 (or all NaN)
+// gives -127; amax = +inf gives 127 (finite elements then quantize to ±0,
+// ±inf to ±448). NaN elements encode as 0x7F in any block. The scale byte is
+// e + 127 (never 0xFF).
+M3_HD int mx_shared_exponent(float amax) {
+  if (!(amax > 0.0f)) return -127;                          // 0, or NaN defensively
+  if (f32_bits(amax) >= 0x7f800000u) return 127;            // +inf
+  const int e = floor_log2_f32(amax) - 8;
+  return e < -127 ? -127 : (e > 127 ? 127 : e);
+}
+// One MX element: e4m3_satfinite_rn(x / 2^e), computed as x · 2^-e (the same
+// real number, so the same single RN rounding; 2^-e is exact for |e| <= 127).
+M3_HD uint8_t mx_quantize_value(float x, int e) {
+  return f32_to_e4m3_satfinite_rn_soft(mul_rn(x, exp2i_f32(-e)));
 }
 
 // ----------------------------------------------------- epilogue primitives

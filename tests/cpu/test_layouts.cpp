@@ -1,0 +1,116 @@
+// Layout formulas of common/layouts.h against offsets computed by hand from
+// SPEC §4 (each expected number is worked out in the comment next to it).
+#include <gtest/gtest.h>
+
+#include <set>
+#include <vector>
+
+#include "common/layouts.h"
+
+namespace {
+
+using namespace m3qkv;
+
+// F8_128x4: ((r/128)·Kt + c/4)·512 + (r%32)·16 + ((r%128)/32)·4 + (c%4), Kt = Cp/4.
+TEST(F8_128x4, HandComputedOffsets) {
+  // R = 300 rows, K = 512 -> C = 16 scale columns, Cp = 16, Kt = 4, Rp = 384.
+  const int64_t C = 16;
+  EXPECT_EQ(f8_128x4_padded_rows(300), 384);
+  EXPECT_EQ(f8_128x4_bytes(300, C), 6144);                // 384 · 16
+  EXPECT_EQ(f8_128x4_offset(0, 0, C), 0);
+  EXPECT_EQ(f8_128x4_offset(1, 0, C), 16);                // (1%32)·16
+  EXPECT_EQ(f8_128x4_offset(32, 0, C), 4);                // ((32%128)/32)·4
+  EXPECT_EQ(f8_128x4_offset(0, 1, C), 1);                 // c%4
+  EXPECT_EQ(f8_128x4_offset(0, 4, C), 512);               // (c/4)·512
+  EXPECT_EQ(f8_128x4_offset(127, 3, C), 511);             // 31·16 + 3·4 + 3
+  EXPECT_EQ(f8_128x4_offset(128, 0, C), 2048);            // (1·4 + 0)·512
+  EXPECT_EQ(f8_128x4_offset(5, 6, C), 594);               // (0+1)·512 + 5·16 + 0 + 2
+  EXPECT_EQ(f8_128x4_offset(200, 13, C), 3721);           // (1·4+3)·512 + 8·16 + 2·4 + 1 = 3584+128+8+1
+  EXPECT_EQ(f8_128x4_offset(299, 15, C), 5815);           // (2·4+3)·512 + 11·16 + 1·4 + 3 = 5632 + 176 + 4 + 3
+}
+
+TEST(F8_128x4, HandComputedOffsetsPaddedColumns) {
+  // K = 96 -> C = 3, Cp = 4, Kt = 1 (a scale matrix whose width is not a multiple of 4).
+  EXPECT_EQ(f8_128x4_padded_cols(3), 4);
+  EXPECT_EQ(f8_128x4_bytes(130, 3), 1024);                // Rp = 256, Cp = 4
+  EXPECT_EQ(f8_128x4_offset(130, 2, 3), 546);             // (1·1 + 0)·512 + 2·16 + 0·4 + 2
+  EXPECT_EQ(f8_128x4_offset(97, 1, 3), 29);               // 0·512 + (97%32 = 1)·16 + (97/32 = 3)·4 + 1
+}
+
+// Every (r, c) of the padded matrix maps to a distinct byte inside the buffer.
+TEST(F8_128x4, Bijection) {
+  for (int64_t rows : {1, 128, 129, 300}) {
+    for (int64_t cols : {4, 8, 12, 48, 192}) {
+      std::set<int64_t> seen;
+      const int64_t rp = f8_128x4_padded_rows(rows), cp = f8_128x4_padded_cols(cols);
+      for (int64_t r = 0; r < rp; ++r)
+        for (int64_t c = 0; c < cp; ++c) {
+          const int64_t o = f8_128x4_offset(r, c, cols);
+          ASSERT_GE(o, 0);
+          ASSERT_LT(o, f8_128x4_bytes(rows, cols));
+          ASSERT_TRUE(seen.insert(o).second) << r << "," << c;
+        }
+      EXPECT_EQ(int64_t(seen.size()), f8_128x4_bytes(rows, cols));
+    }
+  }
+}
+
+// NVFP4 cache: slot s of page p at p·stride + s·bs·72; data t·64 + c/2;
+// K / index_k scales bs·64 + t·8 + g; V scales bs·64 + ((t/4)·4 + g/2)·8 + (g%2)·4 + t%4.
+TEST(Nvfp4Cache, HandComputedOffsets) {
+  const int bs = 16, nkv = 2;
+  EXPECT_EQ(nvfp4_slot_bytes(bs), 1152);                  // 16·72
+  EXPECT_EQ(kv_page_min_bytes(nkv, bs), 4608);            // 2·2·1152
+  const int64_t stride = 4608 + 64;
+  EXPECT_EQ(nvfp4_slot_base(3, 2, stride, bs), 16320);    // 3·4672 + 2·1152 = 14016 + 2304
+  EXPECT_EQ(nvfp4_slot_base(0, 3, stride, bs), 3456);     // V of head 1: 3·1152
+  EXPECT_EQ(nvfp4_data_offset(5, 10), 325);               // 5·64 + 5
+  EXPECT_EQ(nvfp4_data_offset(15, 126), 1023);            // 15·64 + 63: last data byte
+  EXPECT_EQ(nvfp4_scale_offset_linear(0, 0, bs), 1024);   // 16·64
+  EXPECT_EQ(nvfp4_scale_offset_linear(5, 3, bs), 1067);   // 1024 + 5·8 + 3
+  EXPECT_EQ(nvfp4_scale_offset_linear(15, 7, bs), 1151);  // 1024 + 120 + 7: last byte of the slot
+  EXPECT_EQ(nvfp4_scale_offset_v(5, 3, bs), 1069);        // 1024 + (1·4 + 1)·8 + 1·4 + 1 = 1024 + 45
+  EXPECT_EQ(nvfp4_scale_offset_v(6, 0, bs), 1058);        // 1024 + (4 + 0)·8 + 0 + 2 = 1024 + 34
+  EXPECT_EQ(nvfp4_scale_offset_v(3, 7, bs), 1055);        // 1024 + (0 + 3)·8 + 4 + 3 = 1024 + 31
+  EXPECT_EQ(nvfp4_scale_offset_v(15, 7, bs), 1151);       // 1024 + (12 + 3)·8 + 4 + 3 = 1024 + 127
+  EXPECT_EQ(nvfp4_scale_offset_v(0, 1, bs), 1028);        // 1024 + 0 + 4 + 0
+  // block_size 128 (M3 serving): scales start at 8192.
+  EXPECT_EQ(nvfp4_scale_offset_v(127, 6, 128), 9211);     // 8192 + (124 + 3)·8 + 0·4 + 3 = 8192 + 1019
+  EXPECT_EQ(nvfp4_scale_offset_linear(127, 6, 128), 9214);  // 8192 + 1016 + 6
+}
+
+// Within a slot, data + scales of all tokens tile the 72·bs bytes exactly once.
+TEST(Nvfp4Cache, SlotBytesTiledOnce) {
+  for (int bs : {4, 16, 64, 128}) {
+    for (bool v : {false, true}) {
+      std::vector<int> hits(size_t(nvfp4_slot_bytes(bs)), 0);
+      for (int t = 0; t < bs; ++t) {
+        for (int c = 0; c < 128; c += 2) hits[size_t(nvfp4_data_offset(t, c))]++;
+        for (int g = 0; g < 8; ++g)
+          hits[size_t(v ? nvfp4_scale_offset_v(t, g, bs) : nvfp4_scale_offset_linear(t, g, bs))]++;
+      }
+      for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i], 1) << "bs " << bs << " v " << v << " byte " << i;
+    }
+  }
+}
+
+TEST(HeadLayout, HandComputed) {
+  // nq 16, nkv 2, niq 2, nik 1: [q0..q15 | k0 k1 | v0 v1 | iq0 iq1 | ik0] = 23 heads
+  EXPECT_EQ(total_heads(16, 2, 2, 1), 23);
+  auto is = [](HeadInfo h, HeadKind k, int i) { return h.kind == k && h.index == i; };
+  EXPECT_TRUE(is(head_info(0, 16, 2, 2), HeadKind::Q, 0));
+  EXPECT_TRUE(is(head_info(15, 16, 2, 2), HeadKind::Q, 15));
+  EXPECT_TRUE(is(head_info(16, 16, 2, 2), HeadKind::K, 0));
+  EXPECT_TRUE(is(head_info(17, 16, 2, 2), HeadKind::K, 1));
+  EXPECT_TRUE(is(head_info(18, 16, 2, 2), HeadKind::V, 0));
+  EXPECT_TRUE(is(head_info(19, 16, 2, 2), HeadKind::V, 1));
+  EXPECT_TRUE(is(head_info(20, 16, 2, 2), HeadKind::IndexQ, 0));
+  EXPECT_TRUE(is(head_info(21, 16, 2, 2), HeadKind::IndexQ, 1));
+  EXPECT_TRUE(is(head_info(22, 16, 2, 2), HeadKind::IndexK, 0));
+  // dense layer (niq = nik = 0): nq 8, nkv 1 -> [q0..q7 | k0 | v0]
+  EXPECT_TRUE(is(head_info(8, 8, 1, 0), HeadKind::K, 0));
+  EXPECT_TRUE(is(head_info(9, 8, 1, 0), HeadKind::V, 0));
+  EXPECT_EQ(total_heads(8, 1, 0, 0), 10);
+}
+
+}  // namespace
