@@ -1,0 +1,54 @@
+// Kernel declarations and parameter blocks of the portable backend (sm_80+),
+// shared by the kernel files and the launchers (src/portable/launch.cu).
+#pragma once
+
+#include <stdint.h>
+
+#include "common/epilogue.cuh"
+
+namespace m3qkv {
+namespace portable {
+
+struct GemmOperands {
+  const uint8_t* xq;   // e4m3 [M, K]
+  const uint8_t* xsf;  // F8_128x4 of [M, K/32]
+  const uint8_t* wq;   // e4m3 [N, K]
+  const uint8_t* wsf;  // F8_128x4 of [N, K/32]
+  int64_t m, n, k;
+};
+
+struct FusedParams {
+  GemmOperands g;
+  epi::EpilogueParams e;
+  float* acc_tap;  // test only: f32 [M, N] or null
+};
+struct GemmParams {
+  GemmOperands g;
+  uint16_t* out;  // bf16 [M, N]
+};
+struct InsertParams {
+  const uint16_t* qkv;  // bf16 [M, N]
+  int64_t m;
+  epi::EpilogueParams e;
+};
+struct QuantizeParams {
+  const uint16_t* x;  // bf16 [M, K]
+  uint8_t* xq;        // e4m3 [M, K]
+  uint8_t* xsf;       // F8_128x4 of [M, K/32], ceil(M/128)·128 rows
+  int64_t m, k;
+};
+
+constexpr int kInsertThreads = 128;
+constexpr int kQuantizeThreads = 256;
+
+}  // namespace portable
+}  // namespace m3qkv
+
+// Persistent over tiles (grid may be smaller than the tile count): tile t is
+// head t % heads of row block t / heads.
+__global__ void m3qkv_portable_fused_kernel(const m3qkv::portable::FusedParams p);
+__global__ void m3qkv_portable_gemm_kernel(const m3qkv::portable::GemmParams p);
+// Grid-stride over (row, head) items, one thread per 128-value head row.
+__global__ void m3qkv_portable_insert_kernel(const m3qkv::portable::InsertParams p);
+// Grid-stride over (padded row, 32-value block) items.
+__global__ void m3qkv_portable_quantize_kernel(const m3qkv::portable::QuantizeParams p);
