@@ -1,0 +1,133 @@
+#pragma once
+// Harness of the GPU end-to-end tests: a test Problem (tests/common/problem.h)
+// mirrored on the device, outputs in guarded poisoned buffers, the golden
+// expectation built on the same poison, and a byte-for-byte comparison that
+// names the first differing element.
+//
+// Poison: every output buffer (and a guard zone of kGuard bytes on each side)
+// is filled with a position-dependent non-zero pattern; `salt` 1 uses the
+// complement of salt 0. The golden model writes into host copies of the same
+// pattern, so comparing the whole buffers checks both "every byte that must be
+// written is" and "no other byte changes" (skipped slots, other pages, page
+// padding, rows past M). A byte the kernel fails to write could only escape if
+// its golden value equalled the poison, which cannot hold for both salts: the
+// tests that claim full coverage run both.
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "common/problem.h"
+#include "gpu/gpu_util.h"
+#include "m3qkv/m3qkv.h"
+
+namespace m3qkv_gpu {
+
+using m3qkv_test::HostOutputs;
+using m3qkv_test::Problem;
+using m3qkv_test::ProblemConfig;
+
+constexpr size_t kGuard = 4096;  // keeps the payload 16-B (and 4 KiB) aligned
+
+inline uint8_t salted_poison(size_t i, int salt) { return static_cast<uint8_t>(poison_byte(i) ^ (salt ? 0xFFu : 0u)); }
+
+// A device buffer of `bytes` payload with poisoned guard zones on both sides.
+class GuardedBuffer {
+ public:
+  // Allocates and fills payload + guards with the salted pattern.
+  cudaError_t init(size_t bytes, int salt);
+  void* payload() const { return bytes_ ? static_cast<uint8_t*>(buf_.get()) + kGuard : nullptr; }
+  size_t bytes() const { return bytes_; }
+  // The payload's initial content (what the host expectation starts from).
+  std::vector<uint8_t> initial_payload() const;
+  // Downloads; *guards_ok = the guard zones still hold the poison; *first_bad
+  // = offset relative to the payload of the first changed guard byte.
+  cudaError_t fetch(std::vector<uint8_t>* payload, bool* guards_ok, int64_t* first_bad) const;
+
+ private:
+  DeviceBuffer buf_;
+  size_t bytes_ = 0;
+  int salt_ = 0;
+};
+
+// Every input of a Problem on the device.
+class DeviceInputs {
+ public:
+  cudaError_t upload(const Problem& p);
+  // The mapping callback of Problem::args_with (device pointer by field name).
+  const void* get(const m3qkv_test::HostBuffer& b) const;
+  std::function<const void*(const m3qkv_test::HostBuffer&)> mapper() const {
+    return [this](const m3qkv_test::HostBuffer& b) { return get(b); };
+  }
+
+ private:
+  std::vector<std::pair<std::string, DeviceBuffer>> bufs_;
+};
+
+// The outputs of the fused op / insert on the device (guarded, poisoned).
+struct DeviceOutputs {
+  GuardedBuffer q_out, q_fp8_out, index_q_out, kv_cache, index_cache;
+  DeviceBuffer flags;  // uint32, zeroed (or preset)
+  cudaError_t init(const Problem& p, int salt, uint32_t preset_flags = 0);
+  m3qkv_test::OutputPtrs ptrs(bool with_flags = true) const;
+};
+
+// Host results of one run, as downloaded.
+struct Fetched {
+  std::vector<uint8_t> q_out, q_fp8_out, index_q_out, kv_cache, index_cache;
+  bool guards_ok = true;
+  std::string guard_report;
+  uint32_t flags = 0;
+};
+cudaError_t fetch_outputs(const DeviceOutputs& d, Fetched* f);
+
+// Host expectation: outputs poisoned with the same salted pattern.
+HostOutputs poisoned_host_outputs(const Problem& p, int salt, uint32_t preset_flags = 0);
+// Golden epilogue of `p` on accumulator `acc` [M, N] into `o` (in place).
+void golden_epilogue(const Problem& p, const float* acc, HostOutputs* o);
+// Golden insert of `p` on a bf16 projection `qkv` [M, N] into `o` (in place).
+void golden_insert(const Problem& p, const uint16_t* qkv, HostOutputs* o);
+
+// Compares every output buffer byte for byte (gtest failures, non-fatal,
+// with the first differing element decoded). `what` prefixes the messages.
+void expect_same_outputs(const Problem& p, const HostOutputs& expected, const Fetched& got, const std::string& what,
+                         bool compare_flags = true);
+// Same comparison between two device runs.
+void expect_same_fetched(const Problem& p, const Fetched& a, const Fetched& b, const std::string& what);
+
+// Where byte `off` of a buffer sits, in words (row/col, page/slot/token).
+std::string describe_offset(const Problem& p, const char* buffer, size_t off);
+
+// Options of one fused run.
+struct FusedRun {
+  m3qkv_backend_kind backend = M3QKV_BACKEND_PORTABLE;  // NONE = public m3qkv_fused_qkv (auto dispatch)
+  bool tap = false;        // also fetch the f32 accumulator (test-only entry point)
+  int use_pdl = 0;
+  int grid = 0;
+  int cta_group = 0;
+  bool with_flags = true;  // pass error_flags
+};
+
+// Runs the fused op once on fresh poisoned outputs (salt) and fetches them.
+// `acc` receives the tap [M, N] when run.tap. Fatal gtest failures on error
+// (call through ASSERT_NO_FATAL_FAILURE).
+void run_fused(const Problem& p, const DeviceInputs& in, const FusedRun& run, int salt, Fetched* out,
+               std::vector<float>* acc = nullptr, uint32_t preset_flags = 0);
+
+// Backends m3qkv_fused_qkv can be forced to on this device: the portable one
+// and, when different, the one automatic dispatch picks.
+std::vector<m3qkv_backend_kind> fused_backends();
+std::string backend_label(m3qkv_backend_kind k);
+
+// ‖a − ref‖₂ / ‖ref‖₂ over all elements, plus the largest |a − ref| / max|ref|.
+struct ErrorFigure {
+  double rel_fro = 0.0;
+  double max_abs_over_max_ref = 0.0;
+  int64_t non_finite = 0;
+};
+ErrorFigure relative_error(const float* a, const double* ref, size_t n);
+
+// Number of elements whose f32 bits differ (first index in *first).
+int64_t count_f32_mismatch(const float* a, const float* b, size_t n, int64_t* first);
+
+}  // namespace m3qkv_gpu
