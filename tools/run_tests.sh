@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The test command: configure + build everything + run ctest.
+#
+#   bash tools/run_tests.sh [extra ctest arguments...]
+#
+# Env: M3QKV_CUDA_ARCHS (default "80;90a;100f"), M3QKV_BUILD_DIR (default build),
+#      M3QKV_JOBS (default nproc), CTEST_PARALLEL_LEVEL (default nproc).
+# Exit status: ctest's (configure or build failures exit non-zero before it).
+# GPU tests skip themselves with a message when no GPU is present.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BUILD=${M3QKV_BUILD_DIR:-build}
+ARCHS=${M3QKV_CUDA_ARCHS:-80;90a;100f}
+JOBS=${M3QKV_JOBS:-$(nproc)}
+
+# Re-running configure on an existing build directory is quick and keeps the
+# arch list in sync with M3QKV_CUDA_ARCHS; the build is incremental.
+mkdir -p "$BUILD"
+cmake -S . -B "$BUILD" -DM3QKV_CUDA_ARCHS="$ARCHS" >"$BUILD/m3qkv_configure.log" 2>&1 || {
+  cat "$BUILD/m3qkv_configure.log"
+  echo "run_tests: cmake configure failed" >&2
+  exit 1
+}
+echo "run_tests: configured $BUILD (M3QKV_CUDA_ARCHS=$ARCHS)"
+cmake --build "$BUILD" -j "$JOBS"
+set +e
+ctest --test-dir "$BUILD" --output-on-failure -j "${CTEST_PARALLEL_LEVEL:-$(nproc)}" "$@"
+rc=$?
+set -e
+exit "$rc"
