@@ -40,6 +40,9 @@
 #include <vector>
 
 #include "api/internal.h"  // m3qkv_testing_fused_qkv (forced backend)
+#if M3QKV_WITH_SM90
+#include "sm90/sm90.h"  // sm90_fused_variant: the two MX mainloops side by side
+#endif
 #include "common/layouts.h"
 #include "common/numerics.h"
 #include "m3qkv/m3qkv.h"
@@ -98,6 +101,7 @@ struct Device {
   int id = 0;
   int l2 = 0;
   int sms = 0;
+  int cc_major = 0;
   std::string name;
   cudaStream_t stream = nullptr;
   cudaEvent_t e0 = nullptr, e1 = nullptr;
@@ -120,6 +124,7 @@ bool init_device() {
   d.name = prop.name;
   d.l2 = prop.l2CacheSize;
   d.sms = prop.multiProcessorCount;
+  d.cc_major = prop.major;
   if (cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking) != cudaSuccess) return false;
   if (cudaEventCreate(&d.e0) != cudaSuccess || cudaEventCreate(&d.e1) != cudaSuccess) return false;
   if (cublasCreate(&d.blas) != CUBLAS_STATUS_SUCCESS) return false;
@@ -512,6 +517,27 @@ void bench_fused(benchmark::State& state, m3qkv_backend_kind backend) {
   });
 }
 
+#if M3QKV_WITH_SM90
+// The SM90 kernel with an explicit mainloop variant and epilogue (issue 4:
+// measure both MX mainloops side by side before choosing).
+void bench_sm90_variant(benchmark::State& state, int variant, int epilogue) {
+  const int64_t m = state.range(0);
+  M3Sets* s = dev().ok ? m3_sets(m) : nullptr;
+  if (!s) {
+    state.SkipWithError(g_error.empty() ? "no CUDA device" : g_error.c_str());
+    return;
+  }
+  m3qkv::DeviceInfo info;
+  if (m3qkv::current_device_info(&info) != M3QKV_SUCCESS || info.cc_major != 9) {
+    state.SkipWithError("SM90 variants need a CC 9.0 device");
+    return;
+  }
+  timed_loop(state, int(s->sets.size()), fused_bytes(m), flops(m), 0.0, [&](int i) {
+    return m3err(m3qkv::sm90_fused_variant(s->sets[size_t(i)].fused, info, nullptr, dev().stream, variant, 0, epilogue));
+  });
+}
+#endif
+
 void bench_unfused(benchmark::State& state) {
   const int64_t m = state.range(0);
   M3Sets* s = dev().ok ? m3_sets(m) : nullptr;
@@ -604,6 +630,15 @@ int main(int argc, char** argv) {
       benchmark::RegisterBenchmark((std::string("fused_") + backend_tag(b)).c_str(),
                                    [b](benchmark::State& st) { bench_fused(st, b); })
           ->Arg(m)->ArgName("M")->UseManualTime()->Unit(benchmark::kMicrosecond);
+#if M3QKV_WITH_SM90
+    if (dev().cc_major == 9)
+      for (int v = 0; v < 2; ++v)
+        for (int ep = 0; ep < 2; ++ep)
+          benchmark::RegisterBenchmark((std::string("sm90_") + (v == 0 ? "A_bf16dq" : "B_fp8promo") +
+                                        (ep == 0 ? "_staged" : "_regs")).c_str(),
+                                       [v, ep](benchmark::State& st) { bench_sm90_variant(st, v, ep); })
+              ->Arg(m)->ArgName("M")->UseManualTime()->Unit(benchmark::kMicrosecond);
+#endif
     benchmark::RegisterBenchmark("unfused_gemm+insert", bench_unfused)
         ->Arg(m)->ArgName("M")->UseManualTime()->Unit(benchmark::kMicrosecond);
     benchmark::RegisterBenchmark("cublas_bf16", bench_cublas_bf16)

@@ -1,0 +1,217 @@
+// Pieces shared by the two SM90 mainloop variants (one kernel per file:
+// fused_fp8promo_sm90.cu, fused_bf16dq_sm90.cu): kernel parameters, the
+// persistent tile order, the TMA producer, pipeline bookkeeping and the
+// epilogue hand-off to src/common/epilogue.cuh.
+//
+// Tile: BM = 64·kCons rows (kCons consumer warpgroups of 64 rows each) × one
+// 128-column head; K is walked in TMA stages of BK = 128 (one 128-byte swizzle
+// row of e4m3 per tile row, and exactly one 512-byte F8_128x4 scale chunk per
+// 128 rows).
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include <utility>
+
+#include "common/epilogue.cuh"
+#include "common/layouts.h"
+#include "common/numerics.h"
+#include "ptx/elect.cuh"
+#include "ptx/fence.cuh"
+#include "ptx/griddepcontrol.cuh"
+#include "ptx/mbarrier.cuh"
+#include "ptx/setmaxnreg.cuh"
+#include "ptx/sm90_extra.cuh"
+#include "ptx/tma.cuh"
+#include "ptx/wgmma.cuh"
+
+namespace m3qkv::sm90 {
+
+constexpr int kWarpgroup = 128;             // threads of one warpgroup
+constexpr int kBN = kHeadDim;               // one head per tile: the epilogue needs whole head rows
+constexpr int kBK = 128;                    // K per TMA stage (bytes of e4m3 per tile row)
+constexpr int kSwizzleBytes = 128;          // CU_TENSOR_MAP_SWIZZLE_128B row
+constexpr int kSwizzleAtom = 1024;          // 8 rows x 128 B
+constexpr int kSfChunk = 512;               // F8_128x4: 128 rows x 4 scale columns (= BK) contiguous
+constexpr int kRowsPerWg = 64;              // wgmma M
+constexpr int kSmemLimit = 232448;          // sm_90 opt-in dynamic shared memory per block (227 KiB)
+constexpr int kStageStride = kHeadDim + 1;  // epilogue staging row stride in floats: odd, so the
+                                            // one-thread-per-row reads of epilogue_head_row are
+                                            // bank-conflict free
+static_assert(kBK == kSwizzleBytes, "one swizzle row of e4m3 per tile row and stage");
+static_assert(kBK == 4 * kMxBlock, "one F8_128x4 chunk (4 scale columns) per stage");
+
+// Everything a kernel needs besides the two tensor maps.
+struct KernelParams {
+  int32_t m;           // tokens
+  int32_t heads;       // N / 128
+  int32_t m_blocks;    // ceil(M / BM)
+  int32_t band_heads;  // grouped rasterization: heads per band
+  int32_t k_stages;    // K / 128
+  int32_t num_tiles;   // m_blocks · heads
+  const uint8_t* xsf;  // F8_128x4 [ceil(M/128)·128, K/32]
+  const uint8_t* wsf;  // F8_128x4 [N, K/32]
+  float* acc_tap;      // test only: f32 accumulator [M, N], or null
+  int64_t n;           // N (tap row stride)
+  epi::EpilogueParams epi;
+};
+
+struct Tile {
+  int mb;    // row block (BM rows)
+  int head;  // projection head = 128-column block
+};
+
+// Grouped rasterization for L2: tiles run in bands of `band_heads` heads; in a
+// band the head index is fastest, so the CTAs resident at one time share a
+// few heads' weights and a few row blocks' activations.
+__device__ __forceinline__ Tile tile_of(const KernelParams& p, int t) {
+  const int band_tiles = p.band_heads * p.m_blocks;
+  const int band = t / band_tiles;
+  const int r = t - band * band_tiles;
+  const int h0 = band * p.band_heads;
+  const int bh = min(p.band_heads, p.heads - h0);
+  Tile tl;
+  tl.mb = r / bh;
+  tl.head = h0 + (r - tl.mb * bh);
+  return tl;
+}
+
+// Ring-buffer position of a pipeline (stage index + phase parity).
+template <int kStages>
+struct PipeState {
+  uint32_t idx = 0, phase = 0;
+  __device__ __forceinline__ void advance() {
+    if (++idx == kStages) {
+      idx = 0;
+      phase ^= 1u;
+    }
+  }
+};
+
+// Row of the 512-byte F8_128x4 scale chunk a tile row reads: the chunk covers
+// 128 rows; a 64-row tile (BM = 64) uses its half selected by the block parity.
+template <int kBM>
+__device__ __forceinline__ int sf_chunk_row(int mb, int row_in_tile) {
+  return kBM == 128 ? row_in_tile : 64 * (mb & 1) + row_in_tile;
+}
+// Byte offset in the chunk of the 4 scale bytes (k-blocks 0..3 of the stage) of chunk row r.
+__device__ __forceinline__ int sf_chunk_word(int r) { return (r % 32) * 16 + (r / 32) * 4; }
+
+// The TMA producer (one elected thread): per stage the A tile (BM x 128 B), the
+// B tile (128 x 128 B) and the two 512-byte scale chunks, all completing on
+// full[stage]; waits empty[stage] before reusing it.
+template <int kBM, int kStages>
+__device__ __forceinline__ void produce(const KernelParams& p, const CUtensorMap* tmap_x, const CUtensorMap* tmap_w,
+                                        uint32_t a0, uint32_t b0, uint32_t sfa0, uint32_t sfb0, uint32_t full0,
+                                        uint32_t empty0) {
+  constexpr uint32_t kABytes = kBM * kBK, kBBytes = kBN * kBK;
+  constexpr uint32_t kTx = kABytes + kBBytes + 2 * kSfChunk;
+  PipeState<kStages> st;
+  for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+    const Tile tl = tile_of(p, t);
+    const uint8_t* sfa = p.xsf + static_cast<int64_t>((tl.mb * kBM) / 128) * p.k_stages * kSfChunk;
+    const uint8_t* sfb = p.wsf + static_cast<int64_t>(tl.head) * p.k_stages * kSfChunk;
+    for (int ks = 0; ks < p.k_stages; ++ks) {
+      const uint32_t full = full0 + 8 * st.idx;
+      ptx::mbarrier_wait(empty0 + 8 * st.idx, st.phase ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(full, kTx);
+      ptx::cp_async_bulk_tensor_2d(a0 + st.idx * kABytes, tmap_x, ks * kBK, tl.mb * kBM, full);
+      ptx::cp_async_bulk_tensor_2d(b0 + st.idx * kBBytes, tmap_w, ks * kBK, tl.head * kBN, full);
+      ptx::cp_async_bulk_shared_global(sfa0 + st.idx * kSfChunk, sfa + static_cast<int64_t>(ks) * kSfChunk, kSfChunk,
+                                       full);
+      ptx::cp_async_bulk_shared_global(sfb0 + st.idx * kSfChunk, sfb + static_cast<int64_t>(ks) * kSfChunk, kSfChunk,
+                                       full);
+      st.advance();
+    }
+  }
+}
+
+// Keeps the compiler from moving reads/writes of wgmma accumulator registers
+// across the (asm volatile) fence / commit / wait.
+__device__ __forceinline__ void fence_acc(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) wgmma::fence_operand(d[i]);
+}
+
+// Epilogue of one consumer warpgroup's 64 x 128 accumulator block.
+//
+// The accumulator fragment (ptx/wgmma.cuh) gives thread (warp w, lane l) rows
+// 16w + l/4 (+8) and columns 8j + 2(l%4) + b. The shared epilogue
+// (epi::epilogue_head_row) wants one head row per thread, so the block is
+// staged in shared memory ([64][129] f32, this warpgroup's own buffer) and
+// threads 0..63 each run the full per-row epilogue of SPEC §3 on one row.
+// (In the fragment every column of a thread has class (c >> 1) & 3 = l % 4, so
+// a register-resident RMSNorm could keep the contract order too; staging keeps
+// one implementation of the epilogue for every backend.)
+// `named_bar` is this warpgroup's named barrier id.
+__device__ __forceinline__ void epilogue_block(const KernelParams& p, float (&acc)[64], const Tile& tl,
+                                               int64_t row_base, float* stg, uint32_t named_bar) {
+  const int t = threadIdx.x % kWarpgroup;
+  const int w = t / 32, l = t % 32;
+  const int r0 = 16 * w + l / 4;
+  const int c0 = 2 * (l % 4);
+#pragma unroll
+  for (int j = 0; j < kBN / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      stg[(r0 + 8 * h) * kStageStride + 8 * j + c0] = acc[4 * j + 2 * h];
+      stg[(r0 + 8 * h) * kStageStride + 8 * j + c0 + 1] = acc[4 * j + 2 * h + 1];
+    }
+  }
+  if (p.acc_tap != nullptr) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t row = row_base + r0 + 8 * h;
+      if (row < p.m) {
+        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(tl.head) * kBN + c0;
+#pragma unroll
+        for (int j = 0; j < kBN / 8; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+      }
+    }
+  }
+  ptx::bar_sync(named_bar, kWarpgroup);
+  if (t < kRowsPerWg) {
+    const int64_t row = row_base + t;
+    if (row < p.m) epi::epilogue_head_row(p.epi, row, tl.head, stg + t * kStageStride);
+  }
+  // The buffer is rewritten by the next tile's staging.
+  ptx::bar_sync(named_bar, kWarpgroup);
+}
+
+// Host helpers (both kernel files launch through these).
+struct LaunchShape {
+  int grid;
+  int threads;
+  int smem;
+  bool pdl;
+};
+
+template <class... KArgs, class... Args>
+inline cudaError_t launch_kernel(void (*kernel)(KArgs...), const LaunchShape& s, cudaStream_t stream, Args&&... args) {
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(s.grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(s.threads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(s.smem);
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = s.pdl ? 1 : 0;
+  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// Host entry points of the kernel files (launch_sm90.cu calls them).
+// `cons` = consumer warpgroups (1: BM = 64, 2: BM = 128); `reg_epi` = the
+// register-resident epilogue (epilogue_regs_sm90.cuh) instead of the staged one.
+cudaError_t launch_fp8promo(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
+                            const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
+cudaError_t prepare_fp8promo();  // cudaFuncSetAttribute (max dynamic smem) of every instance
+cudaError_t launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
+                          const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
+cudaError_t prepare_bf16dq();
+
+}  // namespace m3qkv::sm90

@@ -1,0 +1,114 @@
+// Host launcher of the SM90 fused kernels: tensor maps, tile shape, persistent
+// grid, PDL, variant choice. The kernels are in fused_fp8promo_sm90.cu (B) and
+// fused_bf16dq_sm90.cu (A); docs/sm90.md has the design.
+#include <atomic>
+#include <climits>
+#include <cstdint>
+
+#include "common/epilogue.cuh"
+#include "common/tensor_map.h"
+#include "sm90/kernel_sm90.cuh"
+#include "sm90/sm90.h"
+
+#define SM90_TRY(expr)                    \
+  do {                                    \
+    const m3qkv_status st_ = (expr);      \
+    if (st_ != M3QKV_SUCCESS) return st_; \
+  } while (0)
+
+namespace m3qkv {
+namespace {
+
+// Grouped rasterization: heads per band (kernel_sm90.cuh tile_of). 8 heads of
+// K = 6144 e4m3 weights are 6 MiB; with ~132 resident tiles that is ~16 row
+// blocks of activations (12 MiB at BM = 128): both stay in the 50 MiB L2.
+constexpr int kBandHeads = 8;
+
+// cudaFuncSetAttribute (max dynamic shared memory) once per device.
+m3qkv_status prepare_device(const DeviceInfo& dev) {
+  static std::atomic<uint64_t> prepared{0};
+  const uint64_t bit = (dev.device >= 0 && dev.device < 64) ? (uint64_t{1} << dev.device) : 0;
+  if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return M3QKV_SUCCESS;
+  cudaError_t e = sm90::prepare_fp8promo();
+  if (e == cudaSuccess) e = sm90::prepare_bf16dq();
+  if (e != cudaSuccess)
+    return fail(M3QKV_ERROR_CUDA_ERROR, "sm90: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) on device %d: %s (%s)",
+                dev.device, cudaGetErrorName(e), cudaGetErrorString(e));
+  prepared.fetch_or(bit, std::memory_order_acq_rel);
+  return M3QKV_SUCCESS;
+}
+
+}  // namespace
+
+m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
+                                int variant, int block_m, int epilogue) {
+  if (variant != kSm90Bf16Dequant && variant != kSm90Fp8Promote)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "sm90_fused_variant: variant = %d is not 0 (bf16 dequant) or 1 (fp8 promote)", variant);
+  if (epilogue != kSm90EpilogueStaged && epilogue != kSm90EpilogueRegisters)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_variant: epilogue = %d is not 0 (staged) or 1 (registers)",
+                epilogue);
+  if (block_m != 0 && block_m != 64 && block_m != 128)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_variant: block_m = %d is not 0, 64 or 128", block_m);
+  const int64_t heads = static_cast<int64_t>(a.nq) + 2 * a.nkv + a.niq + a.nik;
+  if (a.m > INT32_MAX - 256 || a.k / 128 > INT32_MAX)
+    return fail(M3QKV_ERROR_TOO_LARGE, "m3qkv_fused_qkv: m = %lld exceeds the SM90 kernel's 32-bit row index",
+                static_cast<long long>(a.m));
+  SM90_TRY(prepare_device(dev));
+
+  // Tile height: two consumer warpgroups (BM = 128) when that already gives
+  // every SM a tile; otherwise BM = 64 doubles the tile count for M > 64 (and
+  // for M <= 64 drops the idle second warpgroup). Decode sizes (M <= 64) still
+  // run one tile per head: the cluster split-K design (docs/sm90.md) is what
+  // fills the machine there.
+  const int64_t tiles128 = (a.m + 127) / 128 * heads;
+  const int cons = block_m == 64 ? 1 : block_m == 128 ? 2 : (tiles128 < dev.num_sms ? 1 : 2);
+  const int bm = 64 * cons;
+  const int64_t m_blocks = (a.m + bm - 1) / bm;
+  const int64_t tiles = m_blocks * heads;
+  if (tiles > INT32_MAX)
+    return fail(M3QKV_ERROR_TOO_LARGE, "m3qkv_fused_qkv: %lld tiles exceed the SM90 scheduler's 32-bit index",
+                static_cast<long long>(tiles));
+
+  CUtensorMap tmap_x, tmap_w;
+  SM90_TRY(make_tensor_map_2d_u8(&tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k), static_cast<uint64_t>(a.m),
+                                 static_cast<uint64_t>(a.k), sm90::kBK, static_cast<uint32_t>(bm),
+                                 CU_TENSOR_MAP_SWIZZLE_128B));
+  SM90_TRY(make_tensor_map_2d_u8(&tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
+                                 static_cast<uint64_t>(heads * kHeadDim), static_cast<uint64_t>(a.k), sm90::kBK,
+                                 sm90::kBN, CU_TENSOR_MAP_SWIZZLE_128B));
+
+  sm90::KernelParams p;
+  p.m = static_cast<int32_t>(a.m);
+  p.heads = static_cast<int32_t>(heads);
+  p.m_blocks = static_cast<int32_t>(m_blocks);
+  p.band_heads = kBandHeads;
+  p.k_stages = static_cast<int32_t>(a.k / sm90::kBK);
+  p.num_tiles = static_cast<int32_t>(tiles);
+  p.xsf = static_cast<const uint8_t*>(a.xsf);
+  p.wsf = static_cast<const uint8_t*>(a.wsf);
+  p.acc_tap = acc_tap;
+  p.n = heads * kHeadDim;
+  p.epi = epi::make_epilogue_params(a);
+
+  const int64_t auto_grid = tiles < dev.num_sms ? tiles : dev.num_sms;
+  const int grid = static_cast<int>(a.grid > 0 && a.grid < tiles ? a.grid : (a.grid > 0 ? tiles : auto_grid));
+  const bool pdl = a.use_pdl != 0;
+  const bool reg_epi = epilogue == kSm90EpilogueRegisters;
+  const cudaError_t e = variant == kSm90Fp8Promote
+                            ? sm90::launch_fp8promo(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, s)
+                            : sm90::launch_bf16dq(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, s);
+  if (e != cudaSuccess)
+    return fail(M3QKV_ERROR_CUDA_ERROR,
+                "m3qkv_fused_qkv: SM90 kernel launch (variant %d, epilogue %d, BM %d, grid %d): %s (%s)", variant,
+                epilogue, bm, grid, cudaGetErrorName(e), cudaGetErrorString(e));
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
+  return sm90_fused_variant(a, dev, acc_tap, s, kSm90DefaultVariant, 0, kSm90DefaultEpilogue);
+}
+
+m3qkv_status sm90_warmup(const DeviceInfo& dev) { return prepare_device(dev); }
+
+}  // namespace m3qkv

@@ -1,0 +1,41 @@
+// SM90 (Hopper, sm_90a) backend: entry points beyond src/api/internal.h's
+// sm90_fused / sm90_warmup, for the benchmark and the GPU tests.
+#pragma once
+
+#include "api/internal.h"
+
+namespace m3qkv {
+
+// The two MX mainloops (docs/sm90.md).
+enum Sm90Variant : int {
+  kSm90Bf16Dequant = 0,  // A: e4m3·2^e -> bf16 in shared memory, bf16 wgmma m64n128k16
+  kSm90Fp8Promote = 1,   // B: fp8 wgmma m64n128k32 per 32-K block, promotion in f32 registers
+};
+// The variant sm90_fused runs, picked from the H200 measurement of issue 4
+// (bench/RESULTS.md, v2): at M = 4096, TP4, K = 6144 with the register
+// epilogue A took 543.7 us and B 530.6 us (B 2.4% faster), but B's fp8 wgmma
+// adds each 32-K block at reduced precision: |acc - ref|/|ref| = 9e-5 for B
+// against 4.6e-7 for A (the same as the portable path and an f32-accurate
+// MXFP8 GEMM). A 2% speed difference does not buy a 200x larger GEMM error,
+// and one variant for every M keeps results independent of the batch size.
+constexpr Sm90Variant kSm90DefaultVariant = kSm90Bf16Dequant;
+
+// The two epilogues (docs/sm90.md): both use the shared numerics/epilogue
+// primitives; they differ in data layout.
+enum Sm90Epilogue : int {
+  kSm90EpilogueStaged = 0,     // block staged in smem, epi::epilogue_head_row per row (64 threads)
+  kSm90EpilogueRegisters = 1,  // on the wgmma fragment in registers (128 threads, quad shuffles)
+};
+// The register epilogue: bit-exact with the golden model in the whole H200
+// suite (both variants, every head layout) and 14% faster than the staged one
+// at M = 4096 (543.7 vs 629.2 us for A).
+constexpr Sm90Epilogue kSm90DefaultEpilogue = kSm90EpilogueRegisters;
+
+// sm90_fused with an explicit mainloop variant (bench: time A vs B; tests:
+// check both), tile height (block_m = 64: one consumer warpgroup, 128: two,
+// 0: automatic = 64 when 128-row tiles would not fill the SMs) and epilogue.
+// Arguments already validated, m > 0 (as every backend launcher of internal.h).
+m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
+                                int variant, int block_m = 0, int epilogue = kSm90DefaultEpilogue);
+
+}  // namespace m3qkv
