@@ -29,6 +29,19 @@
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
+
+// The tcgen05 emulation (issue 6) runs the MMA issuer's and the TMA forms'
+// functional models inside the producer warps, code far larger than the 24
+// registers the real kernel leaves them: after setmaxnreg.dec those warps
+// would touch registers they no longer own (an illegal-instruction fault on
+// the H200, seen in the first emulated cta_group 2 runs). The emulation build
+// therefore keeps the launch-time split (ptxas fits every role into it, with
+// local-memory spills the emulation tolerates); the real build moves registers.
+#if defined(M3QKV_TCGEN05_EMULATION)
+constexpr bool kUseSetmaxnreg = false;
+#else
+constexpr bool kUseSetmaxnreg = true;
+#endif
 #include "ptx/tcgen05.cuh"
 #include "ptx/tma.cuh"
 #include "sm100/config.h"
@@ -181,7 +194,7 @@ __global__ void __launch_bounds__(m3qkv::sm100::Config<CG>::kNumThreads, 1)
   // the head of its role branch so that it dominates that role's code (ptxas
   // allocates each region within its limit).
   if (warp < C::kFirstEpiWarp) {
-    if constexpr (CG == 2) setmaxnreg_dec<C::kProducerRegs>();
+    if constexpr (CG == 2 && kUseSetmaxnreg) setmaxnreg_dec<C::kProducerRegs>();
     if (warp == C::kTmaWarp) {
       // ================================================================ TMA
       if (elect_sync()) {
@@ -312,7 +325,7 @@ __global__ void __launch_bounds__(m3qkv::sm100::Config<CG>::kNumThreads, 1)
     }
   } else {
     // =========================================================== epilogue
-    if constexpr (CG == 2) setmaxnreg_inc<C::kEpilogueRegs>();
+    if constexpr (CG == 2 && kUseSetmaxnreg) setmaxnreg_inc<C::kEpilogueRegs>();
     const uint32_t e = warp - C::kFirstEpiWarp;
     const uint32_t wg = e / 4;          // head within the tile
     const uint32_t quarter = warp % 4;  // TMEM lane quarter this warp may access

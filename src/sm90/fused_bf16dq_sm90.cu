@@ -8,13 +8,15 @@
 // element on the transform warpgroup, overlapped with the wgmma of the
 // consumers.
 //
-// Warp roles (512 threads for BM = 128, 384 for BM = 64):
-//   warpgroup 0: TMA producer (one elected thread)       setmaxnreg.dec 40
-//   warpgroup 1: transform, raw e4m3 stage -> 2 bf16 stages (BK 64 each)
-//                                                         setmaxnreg.dec 96
-//   warpgroup 2..1+kCons: consumers, 64 rows each         setmaxnreg.inc 184 (BM 128) / 232 (BM 64)
-// Barriers: raw_full[s] (1 arrival + tx), raw_empty[s] (128 transform threads),
-//           bf_full[s] (128 transform threads), bf_empty[s] (one arrival per consumer warp).
+// Warp roles (kXf transform warpgroups: 2, or 1 for BM 128 with the staged epilogue):
+//   warpgroup 0: TMA producer (one elected thread)       setmaxnreg.dec 40 (24 for BM 128, kXf 2)
+//   warpgroups 1..kXf: transform, raw e4m3 stage -> 2 bf16 stages (BK 64
+//                each); with kXf 2 each converts half of every row's chunks
+//                                                         setmaxnreg.dec 96 (56 for BM 128, kXf 2)
+//   then kCons consumers, 64 rows each                   setmaxnreg.inc 232 (BM 64) / 184 (BM 128;
+//                                                         168 with kXf 2)
+// Barriers: raw_full[s] (1 arrival + tx), raw_empty[s] (every transform thread),
+//           bf_full[s] (every transform thread), bf_empty[s] (one arrival per consumer warp).
 // Layouts: raw tiles are TMA 128-B swizzled (row r, 16-B chunk c at r·128 +
 // ((c ^ r%8)·16)); bf16 tiles are [rows][64 bf16] with the same 128-B swizzle,
 // the K-major layout wgmma's descriptor describes (ptx/wgmma.cuh).
@@ -27,10 +29,15 @@ namespace {
 
 constexpr int kBKbf = 64;  // bf16 stage K: one 128-byte swizzle row of bf16 per tile row
 
-template <int kCons, bool kRegEpi>
+template <int kCons, bool kRegEpi, bool kSplit>
 struct Bf16DqCfg {
   static constexpr int kBM = kRowsPerWg * kCons;
-  static constexpr int kThreads = kWarpgroup * (2 + kCons);
+  // Transform warpgroups: 2 (each thread converts half of a row's chunks: two
+  // warps per sub-partition hide each other's latency; the transform bounds
+  // A's stage time), except BM 128 with the staged epilogue: its consumers
+  // spill below 184 registers, and a fifth warpgroup leaves them 176.
+  static constexpr int kXf = kCons == 2 && !kRegEpi ? 1 : 2;
+  static constexpr int kThreads = kWarpgroup * (1 + kXf + kCons);
   // raw (TMA) stages
   static constexpr int kABytes = kBM * kBK;
   static constexpr int kBBytes = kBN * kBK;
@@ -39,15 +46,19 @@ struct Bf16DqCfg {
   static constexpr int kAbfBytes = kBM * kBKbf * 2;
   static constexpr int kBbfBytes = kBN * kBKbf * 2;
   static constexpr int kBfStageBytes = kAbfBytes + kBbfBytes;
-  static constexpr int kStagingBytes = kRegEpi ? 0 : kCons * kRowsPerWg * kStageStride * 4;
+  // Split-K (kCons 1): ranks 1.. keep their partial block here, the leader its
+  // staging buffer: the two never coexist in one CTA, so they share the space.
+  static constexpr int kStagingBytes0 = kRegEpi ? 0 : kCons * kRowsPerWg * kStageStride * 4;
+  static constexpr int kStagingBytes = kSplit && kStagingBytes0 < kPartBytes ? kPartBytes : kStagingBytes0;
   static constexpr int kReserve = kSwizzleAtom + 256;
   // Picked to fill the budget (static_assert below); the staged epilogue's
   // [64][129] f32 buffers cost about one raw + one bf16 stage per consumer.
   //                     staged          register epilogue
   //   BM 128 (kCons 2)  raw 2, bf16 2   raw 3, bf16 3
   //   BM 64  (kCons 1)  raw 3, bf16 4   raw 4, bf16 5
-  static constexpr int kRawStages = kCons == 2 ? (kRegEpi ? 3 : 2) : (kRegEpi ? 4 : 3);
-  static constexpr int kBfStages = kCons == 2 ? (kRegEpi ? 3 : 2) : (kRegEpi ? 5 : 4);
+  //   BM 64, split-K    raw 3, bf16 4   raw 3, bf16 4   (+ the 32 KiB partial block)
+  static constexpr int kRawStages = kCons == 2 ? (kRegEpi ? 3 : 2) : (kRegEpi && !kSplit ? 4 : 3);
+  static constexpr int kBfStages = kCons == 2 ? (kRegEpi ? 3 : 2) : (kRegEpi && !kSplit ? 5 : 4);
   static constexpr int kAOff = 0;
   static constexpr int kBOff = kAOff + kRawStages * kABytes;
   static constexpr int kAbfOff = kBOff + kRawStages * kBBytes;
@@ -56,29 +67,40 @@ struct Bf16DqCfg {
   static constexpr int kSfbOff = kSfaOff + kRawStages * kSfChunk;
   static constexpr int kStgOff = kSfbOff + kRawStages * kSfChunk;
   static constexpr int kBarOff = kStgOff + kStagingBytes;
-  static constexpr int kSmemBytes = kBarOff + 8 * (2 * kRawStages + 2 * kBfStages) + kSwizzleAtom;
+  static constexpr int kSmemBytes = kBarOff + 8 * (2 * kRawStages + 2 * kBfStages + 2) + kSwizzleAtom;
   static constexpr int kLaunchBound = kThreads;
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kTransformRegs = 96;
-  static constexpr int kConsumerRegs = kCons == 2 ? 184 : 232;
+  // BM 128 with 2 transform warpgroups: 640 threads get 96 registers each at
+  // launch (65536 / 640 rounded down to the allocation granule of 8), so
+  // 24 + 2·56 + 2·168 <= 5·96.
+  static constexpr bool kTight = kCons == 2 && kXf == 2;
+  static constexpr int kProducerRegs = kTight ? 24 : 40;
+  static constexpr int kTransformRegs = kTight ? 56 : 96;
+  static constexpr int kConsumerRegs = kTight ? 168 : (kCons == 2 ? 184 : 232);
 
   static_assert(kRawStages * kRawStageBytes + kBfStages * kBfStageBytes + kStagingBytes + kReserve <= kSmemLimit,
                 "shared memory budget");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget");
+  static_assert(!kSplit || kCons == 1, "split-K: one consumer warpgroup");
   static_assert(kABytes % kSwizzleAtom == 0 && kAbfBytes % kSwizzleAtom == 0 && kBbfBytes % kSwizzleAtom == 0,
                 "tiles 1024-B aligned");
   static_assert(kBKbf * 2 == kSwizzleBytes, "one swizzle row of bf16 per tile row and bf16 stage");
   static_assert(kBK == 2 * kBKbf, "a raw stage is two bf16 stages");
-  static_assert(kProducerRegs + kTransformRegs + kCons * kConsumerRegs <= (65536 / kLaunchBound) * (2 + kCons),
+  static_assert(kProducerRegs + kXf * kTransformRegs + kCons * kConsumerRegs <=
+                    ((65536 / kLaunchBound) & ~7) * (1 + kXf + kCons),
                 "setmaxnreg: the register pool allocated at launch must cover the increased warpgroups");
 };
 
 // Converts row `r` (16-B chunks 4h..4h+3 of the raw stage = K 64h..64h+63) of
 // one operand tile into the bf16 stage. `sf` = the row's 4 scale bytes.
-__device__ __forceinline__ void convert_row_half(const uint8_t* raw_tile, uint8_t* bf_tile, int r, int h, uint32_t sf) {
+// kXf transform warpgroups share the row: part `x` converts chunks
+// 4h + i, i in [x·4/kXf, (x+1)·4/kXf).
+template <int kXf>
+__device__ __forceinline__ void convert_row_half(const uint8_t* raw_tile, uint8_t* bf_tile, int r, int h, uint32_t sf,
+                                                 int x) {
   const int sw = r % 8;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int ii = 0; ii < 4 / kXf; ++ii) {
+    const int i = x * (4 / kXf) + ii;
     const int c = 4 * h + i;  // raw chunk: K 16c .. 16c+15, MX block c/2
     const uint4 in = *reinterpret_cast<const uint4*>(raw_tile + r * kSwizzleBytes + ((c ^ sw) << 4));
     uint4 lo, hi;
@@ -88,12 +110,26 @@ __device__ __forceinline__ void convert_row_half(const uint8_t* raw_tile, uint8_
   }
 }
 
-template <int kCons, bool kRegEpi>
-__global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi>::kLaunchBound, 1)
+// Zero row `r`, K half h, of a bf16 tile (a tile row past M: what converting
+// the zero-filled TMA row would give, without the conversion work).
+// Chunk order swizzled like the converted stores: the 8 threads of a quarter
+// warp (rows r..r+7) hit 8 different 16-B bank groups.
+// Part `x` of kXf zeroes the bf16 chunks its converted raw chunks would write.
+template <int kXf>
+__device__ __forceinline__ void zero_row_half(uint8_t* bf_tile, int r, int x) {
+#pragma unroll
+  for (int ii = 0; ii < 8 / kXf; ++ii) {
+    const int i = x * (8 / kXf) + ii;
+    *reinterpret_cast<uint4*>(bf_tile + r * kSwizzleBytes + ((i ^ (r % 8)) << 4)) = make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <int kCons, bool kRegEpi, bool kSplit>
+__global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBound, 1)
     fused_bf16dq_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                         const __grid_constant__ KernelParams p) {
 #if defined(__CUDA_ARCH__) && M3QKV_HAS_WGMMA
-  using C = Bf16DqCfg<kCons, kRegEpi>;
+  using C = Bf16DqCfg<kCons, kRegEpi, kSplit>;
   constexpr int kBM = C::kBM;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = ptx::smem_u32(smem_raw);
@@ -103,17 +139,25 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi>::kLaunchBound, 1)
   const uint32_t raw_empty0 = raw_full0 + 8 * C::kRawStages;
   const uint32_t bf_full0 = raw_empty0 + 8 * C::kRawStages;
   const uint32_t bf_empty0 = bf_full0 + 8 * C::kBfStages;
+  const uint32_t red_full = bf_empty0 + 8 * C::kBfStages;  // split-K (kernel_sm90.cuh splitk_reduce)
+  const uint32_t red_empty = red_full + 8;
+  const uint32_t rank = kSplit ? ptx::cluster_ctarank() : 0u;
+  const Work wk = work_of<kSplit>(p, rank);
 
   const int wg = threadIdx.x / kWarpgroup;
   const int warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
     for (int s = 0; s < C::kRawStages; ++s) {
       ptx::mbarrier_init(raw_full0 + 8 * s, 1);
-      ptx::mbarrier_init(raw_empty0 + 8 * s, kWarpgroup);
+      ptx::mbarrier_init(raw_empty0 + 8 * s, C::kXf * kWarpgroup);
     }
     for (int s = 0; s < C::kBfStages; ++s) {
-      ptx::mbarrier_init(bf_full0 + 8 * s, kWarpgroup);
+      ptx::mbarrier_init(bf_full0 + 8 * s, C::kXf * kWarpgroup);
       ptx::mbarrier_init(bf_empty0 + 8 * s, 4 * kCons);
+    }
+    if (kSplit) {
+      ptx::mbarrier_init(red_full, (p.split - 1) * kWarpgroup);
+      ptx::mbarrier_init(red_empty, kWarpgroup);
     }
     ptx::fence_mbarrier_init_release_cluster();
   }
@@ -122,26 +166,36 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi>::kLaunchBound, 1)
     ptx::prefetch_tensormap(&tmap_w);
   }
   __syncthreads();
+  if constexpr (kSplit) {
+    // Every CTA's barriers are initialized before any remote arrive.
+    ptx::barrier_cluster_arrive();
+    ptx::barrier_cluster_wait();
+  }
   griddepcontrol_wait();
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<C::kProducerRegs>();
     if (warp == 0 && ptx::elect_sync()) {
-      produce<kBM, C::kRawStages>(p, &tmap_x, &tmap_w, base + C::kAOff, base + C::kBOff, base + C::kSfaOff,
+      produce<kBM, C::kRawStages>(p, wk, &tmap_x, &tmap_w, base + C::kAOff, base + C::kBOff, base + C::kSfaOff,
                                   base + C::kSfbOff, raw_full0, raw_empty0);
     }
     griddepcontrol_launch_dependents();
-  } else if (wg == 1) {
+  } else if (wg <= C::kXf) {
     ptx::setmaxnreg_dec<C::kTransformRegs>();
-    // Thread r converts row r of the B tile and, when r < BM, row r of the A tile.
-    const int r = threadIdx.x - kWarpgroup;
+    // Thread r of transform warpgroup x converts its chunks (convert_row_half)
+    // of row r of the B tile and, when r < BM, of row r of the A tile.
+    const int r = threadIdx.x % kWarpgroup;
+    const int xpart = wg - 1;  // which chunks of the row (kXf = 2: halves)
     PipeState<C::kRawStages> rs;
     PipeState<C::kBfStages> bs;
-    for (int ti = blockIdx.x; ti < p.num_tiles; ti += gridDim.x) {
+    for (int ti = wk.first; ti < p.num_tiles; ti += wk.step) {
       const Tile tl = tile_of(p, ti);
       const int sfa_off = sf_chunk_word(sf_chunk_row<kBM>(tl.mb, r < kBM ? r : 0));
       const int sfb_off = sf_chunk_word(r);
-      for (int ks = 0; ks < p.k_stages; ++ks) {
+      // A rows past M (TMA zero-filled) need no conversion: zeros are stored
+      // (at M = 1 this skips a third of the transform work).
+      const bool a_live = r < kBM && static_cast<int64_t>(tl.mb) * kBM + r < p.m;
+      for (int ks = wk.k0; ks < wk.k1; ++ks) {
         ptx::mbarrier_wait(raw_full0 + 8 * rs.idx, rs.phase);
         const uint8_t* a_raw = gbase + C::kAOff + rs.idx * C::kABytes;
         const uint8_t* b_raw = gbase + C::kBOff + rs.idx * C::kBBytes;
@@ -152,8 +206,11 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi>::kLaunchBound, 1)
           ptx::mbarrier_wait(bf_empty0 + 8 * bs.idx, bs.phase ^ 1u);
           uint8_t* a_bf = gbase + C::kAbfOff + bs.idx * C::kAbfBytes;
           uint8_t* b_bf = gbase + C::kBbfOff + bs.idx * C::kBbfBytes;
-          if (r < kBM) convert_row_half(a_raw, a_bf, r, h, sfa);
-          convert_row_half(b_raw, b_bf, r, h, sfb);
+          if (a_live)
+            convert_row_half<C::kXf>(a_raw, a_bf, r, h, sfa, xpart);
+          else if (r < kBM)
+            zero_row_half<C::kXf>(a_bf, r, xpart);
+          convert_row_half<C::kXf>(b_raw, b_bf, r, h, sfb, xpart);
           // Generic-proxy stores read next by wgmma (async proxy): fence in
           // every writing thread before the release (HOPPER.md "Ordering").
           ptx::fence_proxy_async_shared_cta();
@@ -166,18 +223,19 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi>::kLaunchBound, 1)
     }
   } else {
     ptx::setmaxnreg_inc<C::kConsumerRegs>();
-    const int cw = wg - 2;
+    const int cw = wg - 1 - C::kXf;
     const int l = threadIdx.x % 32;
     float* stg = reinterpret_cast<float*>(gbase + C::kStgOff) + cw * kRowsPerWg * kStageStride;
     PipeState<C::kBfStages> bs;
     float acc[64];
-    for (int ti = blockIdx.x; ti < p.num_tiles; ti += gridDim.x) {
+    uint32_t red_phase = 0;
+    for (int ti = wk.first; ti < p.num_tiles; ti += wk.step) {
       const Tile tl = tile_of(p, ti);
       // The first wgmma ignores D (scale_d = 0); zeroing ends the live range of
       // the previous tile's values, so the epilogue does not hold 64 extra registers.
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-      const int n_bf = p.k_stages * (kBK / kBKbf);
+      const int n_bf = (wk.k1 - wk.k0) * (kBK / kBKbf);
       uint32_t prev = 0;
       for (int s = 0; s < n_bf; ++s) {
         ptx::mbarrier_wait(bf_full0 + 8 * bs.idx, bs.phase);
@@ -209,6 +267,12 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi>::kLaunchBound, 1)
       __syncwarp();
       if (l == 0) ptx::mbarrier_arrive(bf_empty0 + 8 * prev);
       const int64_t row_base = static_cast<int64_t>(tl.mb) * kBM + kRowsPerWg * cw;
+      if constexpr (kSplit) {
+        const bool leader = splitk_reduce(p, acc, rank, reinterpret_cast<float*>(gbase + C::kStgOff),
+                                          base + C::kStgOff, red_full, red_empty, red_phase);
+        red_phase ^= 1u;
+        if (!leader) continue;
+      }
       if constexpr (kRegEpi)
         epilogue_block_regs(p, acc, tl, row_base);
       else
@@ -218,37 +282,66 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi>::kLaunchBound, 1)
 #endif
 }
 
-template <int kCons, bool kRegEpi>
+template <int kCons, bool kRegEpi, bool kSplit>
 cudaError_t launch_one(const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p, int grid, bool pdl,
                        cudaStream_t stream) {
-  using C = Bf16DqCfg<kCons, kRegEpi>;
-  const LaunchShape s{grid, C::kThreads, C::kSmemBytes, pdl};
-  return launch_kernel(fused_bf16dq_kernel<kCons, kRegEpi>, s, stream, tx, tw, p);
+  using C = Bf16DqCfg<kCons, kRegEpi, kSplit>;
+  const LaunchShape s{grid, C::kThreads, C::kSmemBytes, pdl, kSplit ? p.split : 1};
+  return launch_kernel(fused_bf16dq_kernel<kCons, kRegEpi, kSplit>, s, stream, tx, tw, p);
 }
 
-template <int kCons, bool kRegEpi>
+template <int kCons, bool kRegEpi, bool kSplit>
 cudaError_t set_smem() {
-  return cudaFuncSetAttribute(fused_bf16dq_kernel<kCons, kRegEpi>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Bf16DqCfg<kCons, kRegEpi>::kSmemBytes);
+  return cudaFuncSetAttribute(fused_bf16dq_kernel<kCons, kRegEpi, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              Bf16DqCfg<kCons, kRegEpi, kSplit>::kSmemBytes);
+}
+
+template <bool kRegEpi>
+int max_clusters(int split) {
+  using C = Bf16DqCfg<1, kRegEpi, true>;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(split));
+  cfg.blockDim = dim3(static_cast<unsigned>(C::kThreads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(C::kSmemBytes);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, fused_bf16dq_kernel<1, kRegEpi, true>, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
 }
 
 }  // namespace
 
 cudaError_t launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
                           const KernelParams& p, int grid, bool pdl, cudaStream_t stream) {
+  if (p.split > 1)
+    return reg_epi ? launch_one<1, true, true>(tmap_x, tmap_w, p, grid, pdl, stream)
+                   : launch_one<1, false, true>(tmap_x, tmap_w, p, grid, pdl, stream);
   if (reg_epi)
-    return cons == 1 ? launch_one<1, true>(tmap_x, tmap_w, p, grid, pdl, stream)
-                     : launch_one<2, true>(tmap_x, tmap_w, p, grid, pdl, stream);
-  return cons == 1 ? launch_one<1, false>(tmap_x, tmap_w, p, grid, pdl, stream)
-                   : launch_one<2, false>(tmap_x, tmap_w, p, grid, pdl, stream);
+    return cons == 1 ? launch_one<1, true, false>(tmap_x, tmap_w, p, grid, pdl, stream)
+                     : launch_one<2, true, false>(tmap_x, tmap_w, p, grid, pdl, stream);
+  return cons == 1 ? launch_one<1, false, false>(tmap_x, tmap_w, p, grid, pdl, stream)
+                   : launch_one<2, false, false>(tmap_x, tmap_w, p, grid, pdl, stream);
 }
 
 cudaError_t prepare_bf16dq() {
-  cudaError_t e = set_smem<1, false>();
-  if (e == cudaSuccess) e = set_smem<2, false>();
-  if (e == cudaSuccess) e = set_smem<1, true>();
-  if (e == cudaSuccess) e = set_smem<2, true>();
+  cudaError_t e = set_smem<1, false, false>();
+  if (e == cudaSuccess) e = set_smem<2, false, false>();
+  if (e == cudaSuccess) e = set_smem<1, true, false>();
+  if (e == cudaSuccess) e = set_smem<2, true, false>();
+  if (e == cudaSuccess) e = set_smem<1, false, true>();
+  if (e == cudaSuccess) e = set_smem<1, true, true>();
   return e;
 }
+
+int max_clusters_bf16dq(bool reg_epi, int split) { return reg_epi ? max_clusters<true>(split) : max_clusters<false>(split); }
 
 }  // namespace m3qkv::sm90

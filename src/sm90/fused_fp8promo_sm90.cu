@@ -22,15 +22,20 @@
 namespace m3qkv::sm90 {
 namespace {
 
-template <int kCons, bool kRegEpi>
+template <int kCons, bool kRegEpi, bool kSplit>
 struct Fp8PromoCfg {
   static constexpr int kBM = kRowsPerWg * kCons;
   static constexpr int kThreads = kWarpgroup * (1 + kCons);
   static constexpr int kABytes = kBM * kBK;
   static constexpr int kBBytes = kBN * kBK;
   static constexpr int kStageBytes = kABytes + kBBytes + 2 * kSfChunk;
-  static constexpr int kStagingBytes = kRegEpi ? 0 : kCons * kRowsPerWg * kStageStride * 4;
+  // Split-K (kCons 1): ranks 1.. keep their partial block here, the leader its
+  // staging buffer: the two never coexist in one CTA, so they share the space.
+  static constexpr int kStagingBytes0 = kRegEpi ? 0 : kCons * kRowsPerWg * kStageStride * 4;
+  static constexpr int kStagingBytes = kSplit && kStagingBytes0 < kPartBytes ? kPartBytes : kStagingBytes0;
   static constexpr int kReserve = kSwizzleAtom /* base alignment */ + 256 /* barriers */;
+  // (2 CTAs per SM for the split-K instance were measured, docs/sm90.md
+  // "Performance log" step 2: no gain, the second CTA shares the SM; 1 CTA.)
   static constexpr int kStagesFit = (kSmemLimit - kStagingBytes - kReserve) / kStageBytes;
   static constexpr int kStages = kStagesFit > 8 ? 8 : kStagesFit;
   // Offsets from the 1024-aligned base.
@@ -40,7 +45,7 @@ struct Fp8PromoCfg {
   static constexpr int kSfbOff = kSfaOff + kStages * kSfChunk;
   static constexpr int kStgOff = kSfbOff + kStages * kSfChunk;
   static constexpr int kBarOff = kStgOff + kStagingBytes;
-  static constexpr int kSmemBytes = kBarOff + 2 * kStages * 8 + kSwizzleAtom;
+  static constexpr int kSmemBytes = kBarOff + (2 * kStages + 2) * 8 + kSwizzleAtom;
   // Registers: launch bound 384 threads -> 168 per thread at entry for both
   // shapes (BM = 64 launches 256 threads under the same bound).
   static constexpr int kLaunchBound = 384;
@@ -48,20 +53,21 @@ struct Fp8PromoCfg {
   static constexpr int kConsumerRegs = 232;
 
   static_assert(kStages >= 3, "pipeline too shallow");
+  static_assert(!kSplit || kCons == 1, "split-K: one consumer warpgroup");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget");
   static_assert(kABytes % kSwizzleAtom == 0 && kBBytes % kSwizzleAtom == 0, "tiles 1024-B aligned");
   static_assert(kBarOff % 8 == 0, "mbarrier alignment");
   static_assert(kThreads <= kLaunchBound, "launch bound");
-  static_assert(kProducerRegs + kCons * kConsumerRegs <= (65536 / kLaunchBound) * (1 + kCons),
+  static_assert(kProducerRegs + kCons * kConsumerRegs <= ((65536 / kLaunchBound) & ~7) * (1 + kCons),
                 "setmaxnreg: the register pool allocated at launch must cover the increased warpgroups");
 };
 
-template <int kCons, bool kRegEpi>
-__global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi>::kLaunchBound, 1)
+template <int kCons, bool kRegEpi, bool kSplit>
+__global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi, kSplit>::kLaunchBound, 1)
     fused_fp8promo_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                           const __grid_constant__ KernelParams p) {
 #if defined(__CUDA_ARCH__) && M3QKV_HAS_WGMMA
-  using C = Fp8PromoCfg<kCons, kRegEpi>;
+  using C = Fp8PromoCfg<kCons, kRegEpi, kSplit>;
   constexpr int kBM = C::kBM;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = ptx::smem_u32(smem_raw);
@@ -69,6 +75,10 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi>::kLaunchBound, 1)
   uint8_t* gbase = smem_raw + (base - raw);  // generic pointer of `base`
   const uint32_t full0 = base + C::kBarOff;
   const uint32_t empty0 = full0 + 8 * C::kStages;
+  const uint32_t red_full = empty0 + 8 * C::kStages;  // split-K (kernel_sm90.cuh splitk_reduce)
+  const uint32_t red_empty = red_full + 8;
+  const uint32_t rank = kSplit ? ptx::cluster_ctarank() : 0u;
+  const Work wk = work_of<kSplit>(p, rank);
 
   const int wg = threadIdx.x / kWarpgroup;
   const int warp = threadIdx.x / 32;
@@ -77,6 +87,10 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi>::kLaunchBound, 1)
       ptx::mbarrier_init(full0 + 8 * s, 1);
       ptx::mbarrier_init(empty0 + 8 * s, 4 * kCons);
     }
+    if (kSplit) {
+      ptx::mbarrier_init(red_full, (p.split - 1) * kWarpgroup);
+      ptx::mbarrier_init(red_empty, kWarpgroup);
+    }
     ptx::fence_mbarrier_init_release_cluster();
   }
   if (threadIdx.x == 32) {
@@ -84,6 +98,11 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi>::kLaunchBound, 1)
     ptx::prefetch_tensormap(&tmap_w);
   }
   __syncthreads();
+  if constexpr (kSplit) {
+    // Every CTA's barriers are initialized before any remote arrive.
+    ptx::barrier_cluster_arrive();
+    ptx::barrier_cluster_wait();
+  }
   // PDL: everything above overlaps the predecessor's tail; every global read
   // and write is below.
   griddepcontrol_wait();
@@ -91,7 +110,7 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi>::kLaunchBound, 1)
   if (wg == 0) {
     ptx::setmaxnreg_dec<C::kProducerRegs>();
     if (warp == 0 && ptx::elect_sync()) {
-      produce<kBM, C::kStages>(p, &tmap_x, &tmap_w, base + C::kAOff, base + C::kBOff, base + C::kSfaOff,
+      produce<kBM, C::kStages>(p, wk, &tmap_x, &tmap_w, base + C::kAOff, base + C::kBOff, base + C::kSfaOff,
                                base + C::kSfbOff, full0, empty0);
     }
     griddepcontrol_launch_dependents();
@@ -111,7 +130,8 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi>::kLaunchBound, 1)
     PipeState<C::kStages> st;
     float acc[64];
     float partial[64];
-    for (int ti = blockIdx.x; ti < p.num_tiles; ti += gridDim.x) {
+    uint32_t red_phase = 0;
+    for (int ti = wk.first; ti < p.num_tiles; ti += wk.step) {
       const Tile tl = tile_of(p, ti);
       const int sfa_off0 = sf_chunk_word(sf_chunk_row<kBM>(tl.mb, kRowsPerWg * cw + r0));
       const int sfa_off1 = sf_chunk_word(sf_chunk_row<kBM>(tl.mb, kRowsPerWg * cw + r0 + 8));
@@ -120,7 +140,7 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi>::kLaunchBound, 1)
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = partial[i] = 0.0f;
 
-      for (int ks = 0; ks < p.k_stages; ++ks) {
+      for (int ks = wk.k0; ks < wk.k1; ++ks) {
         ptx::mbarrier_wait(full0 + 8 * st.idx, st.phase);
         const uint8_t* sfa = gbase + C::kSfaOff + st.idx * kSfChunk;
         const uint8_t* sfb = gbase + C::kSfbOff + st.idx * kSfChunk;
@@ -166,6 +186,12 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi>::kLaunchBound, 1)
         st.advance();
       }
       const int64_t row_base = static_cast<int64_t>(tl.mb) * kBM + kRowsPerWg * cw;
+      if constexpr (kSplit) {
+        const bool leader = splitk_reduce(p, acc, rank, reinterpret_cast<float*>(gbase + C::kStgOff),
+                                          base + C::kStgOff, red_full, red_empty, red_phase);
+        red_phase ^= 1u;
+        if (!leader) continue;
+      }
       if constexpr (kRegEpi)
         epilogue_block_regs(p, acc, tl, row_base);
       else
@@ -175,37 +201,69 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi>::kLaunchBound, 1)
 #endif
 }
 
-template <int kCons, bool kRegEpi>
+template <int kCons, bool kRegEpi, bool kSplit>
 cudaError_t launch_one(const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p, int grid, bool pdl,
                        cudaStream_t stream) {
-  using C = Fp8PromoCfg<kCons, kRegEpi>;
-  const LaunchShape s{grid, C::kThreads, C::kSmemBytes, pdl};
-  return launch_kernel(fused_fp8promo_kernel<kCons, kRegEpi>, s, stream, tx, tw, p);
+  using C = Fp8PromoCfg<kCons, kRegEpi, kSplit>;
+  const LaunchShape s{grid, C::kThreads, C::kSmemBytes, pdl, kSplit ? p.split : 1};
+  return launch_kernel(fused_fp8promo_kernel<kCons, kRegEpi, kSplit>, s, stream, tx, tw, p);
 }
 
-template <int kCons, bool kRegEpi>
+template <int kCons, bool kRegEpi, bool kSplit>
 cudaError_t set_smem() {
-  return cudaFuncSetAttribute(fused_fp8promo_kernel<kCons, kRegEpi>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Fp8PromoCfg<kCons, kRegEpi>::kSmemBytes);
+  return cudaFuncSetAttribute(fused_fp8promo_kernel<kCons, kRegEpi, kSplit>,
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              Fp8PromoCfg<kCons, kRegEpi, kSplit>::kSmemBytes);
+}
+
+template <bool kRegEpi>
+int max_clusters(int split) {
+  using C = Fp8PromoCfg<1, kRegEpi, true>;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(split));
+  cfg.blockDim = dim3(static_cast<unsigned>(C::kThreads));
+  cfg.dynamicSmemBytes = static_cast<size_t>(C::kSmemBytes);
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, fused_fp8promo_kernel<1, kRegEpi, true>, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
 }
 
 }  // namespace
 
 cudaError_t launch_fp8promo(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
                             const KernelParams& p, int grid, bool pdl, cudaStream_t stream) {
+  if (p.split > 1)
+    return reg_epi ? launch_one<1, true, true>(tmap_x, tmap_w, p, grid, pdl, stream)
+                   : launch_one<1, false, true>(tmap_x, tmap_w, p, grid, pdl, stream);
   if (reg_epi)
-    return cons == 1 ? launch_one<1, true>(tmap_x, tmap_w, p, grid, pdl, stream)
-                     : launch_one<2, true>(tmap_x, tmap_w, p, grid, pdl, stream);
-  return cons == 1 ? launch_one<1, false>(tmap_x, tmap_w, p, grid, pdl, stream)
-                   : launch_one<2, false>(tmap_x, tmap_w, p, grid, pdl, stream);
+    return cons == 1 ? launch_one<1, true, false>(tmap_x, tmap_w, p, grid, pdl, stream)
+                     : launch_one<2, true, false>(tmap_x, tmap_w, p, grid, pdl, stream);
+  return cons == 1 ? launch_one<1, false, false>(tmap_x, tmap_w, p, grid, pdl, stream)
+                   : launch_one<2, false, false>(tmap_x, tmap_w, p, grid, pdl, stream);
 }
 
 cudaError_t prepare_fp8promo() {
-  cudaError_t e = set_smem<1, false>();
-  if (e == cudaSuccess) e = set_smem<2, false>();
-  if (e == cudaSuccess) e = set_smem<1, true>();
-  if (e == cudaSuccess) e = set_smem<2, true>();
+  cudaError_t e = set_smem<1, false, false>();
+  if (e == cudaSuccess) e = set_smem<2, false, false>();
+  if (e == cudaSuccess) e = set_smem<1, true, false>();
+  if (e == cudaSuccess) e = set_smem<2, true, false>();
+  if (e == cudaSuccess) e = set_smem<1, false, true>();
+  if (e == cudaSuccess) e = set_smem<1, true, true>();
   return e;
+}
+
+int max_clusters_fp8promo(bool reg_epi, int split) {
+  return reg_epi ? max_clusters<true>(split) : max_clusters<false>(split);
 }
 
 }  // namespace m3qkv::sm90

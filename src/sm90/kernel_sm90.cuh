@@ -18,6 +18,7 @@
 #include "common/epilogue.cuh"
 #include "common/layouts.h"
 #include "common/numerics.h"
+#include "ptx/cluster.cuh"
 #include "ptx/elect.cuh"
 #include "ptx/fence.cuh"
 #include "ptx/griddepcontrol.cuh"
@@ -51,6 +52,7 @@ struct KernelParams {
   int32_t band_heads;  // grouped rasterization: heads per band
   int32_t k_stages;    // K / 128
   int32_t num_tiles;   // m_blocks · heads
+  int32_t split;       // CTAs per tile = cluster size (split-K, kSplit kernels); 1 otherwise
   const uint8_t* xsf;  // F8_128x4 [ceil(M/128)·128, K/32]
   const uint8_t* wsf;  // F8_128x4 [N, K/32]
   float* acc_tap;      // test only: f32 accumulator [M, N], or null
@@ -78,6 +80,32 @@ __device__ __forceinline__ Tile tile_of(const KernelParams& p, int t) {
   return tl;
 }
 
+// What one CTA walks: tiles first, first + step, ... and K stages [k0, k1) of each.
+// Without split-K: tiles blockIdx.x + i·gridDim.x, the whole K. With split-K
+// (kSplit kernels, launched as 1-D clusters of p.split CTAs): the cluster takes
+// tiles (blockIdx.x / split) + i·(gridDim.x / split), CTA rank r of the cluster
+// the K stages [r·ks/split, (r+1)·ks/split) (the host keeps split <= ks, so no
+// range is empty).
+struct Work {
+  int first, step, k0, k1;
+};
+template <bool kSplit>
+__device__ __forceinline__ Work work_of(const KernelParams& p, uint32_t rank) {
+  Work w;
+  if constexpr (kSplit) {
+    w.first = static_cast<int>(blockIdx.x) / p.split;
+    w.step = static_cast<int>(gridDim.x) / p.split;
+    w.k0 = static_cast<int>(rank) * p.k_stages / p.split;
+    w.k1 = (static_cast<int>(rank) + 1) * p.k_stages / p.split;
+  } else {
+    w.first = static_cast<int>(blockIdx.x);
+    w.step = static_cast<int>(gridDim.x);
+    w.k0 = 0;
+    w.k1 = p.k_stages;
+  }
+  return w;
+}
+
 // Ring-buffer position of a pipeline (stage index + phase parity).
 template <int kStages>
 struct PipeState {
@@ -103,17 +131,18 @@ __device__ __forceinline__ int sf_chunk_word(int r) { return (r % 32) * 16 + (r 
 // B tile (128 x 128 B) and the two 512-byte scale chunks, all completing on
 // full[stage]; waits empty[stage] before reusing it.
 template <int kBM, int kStages>
-__device__ __forceinline__ void produce(const KernelParams& p, const CUtensorMap* tmap_x, const CUtensorMap* tmap_w,
+__device__ __forceinline__ void produce(const KernelParams& p, const Work& wk, const CUtensorMap* tmap_x,
+                                        const CUtensorMap* tmap_w,
                                         uint32_t a0, uint32_t b0, uint32_t sfa0, uint32_t sfb0, uint32_t full0,
                                         uint32_t empty0) {
   constexpr uint32_t kABytes = kBM * kBK, kBBytes = kBN * kBK;
   constexpr uint32_t kTx = kABytes + kBBytes + 2 * kSfChunk;
   PipeState<kStages> st;
-  for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+  for (int t = wk.first; t < p.num_tiles; t += wk.step) {
     const Tile tl = tile_of(p, t);
     const uint8_t* sfa = p.xsf + static_cast<int64_t>((tl.mb * kBM) / 128) * p.k_stages * kSfChunk;
     const uint8_t* sfb = p.wsf + static_cast<int64_t>(tl.head) * p.k_stages * kSfChunk;
-    for (int ks = 0; ks < p.k_stages; ++ks) {
+    for (int ks = wk.k0; ks < wk.k1; ++ks) {
       const uint32_t full = full0 + 8 * st.idx;
       ptx::mbarrier_wait(empty0 + 8 * st.idx, st.phase ^ 1u);
       ptx::mbarrier_arrive_expect_tx(full, kTx);
@@ -134,6 +163,41 @@ __device__ __forceinline__ void fence_acc(float (&d)[64]) {
 #pragma unroll
   for (int i = 0; i < 64; ++i) wgmma::fence_operand(d[i]);
 }
+
+// Split-K reduction of one consumer warpgroup's 64 x 128 block over the
+// cluster (kSplit kernels, one consumer warpgroup). Every CTA holds the partial
+// sum of its K range in `acc`. Ranks 1.. store theirs in their own shared
+// buffer `part` ([64 registers][128 threads] f32: conflict-free) and arrive
+// (release.cluster, every thread) on the leader's `red_full`; the leader
+// (rank 0) waits (acquire.cluster), reads the buffers through DSMEM and adds
+// them in the FIXED order rank 1, 2, ..., split-1 (acc = ((acc0 + p1) + p2) ...),
+// so the result is deterministic; then it arrives on every rank's `red_empty`,
+// which a rank waits for before it may reuse (or, after its last tile, leave)
+// its buffer. Returns whether this CTA runs the epilogue (the leader).
+// `phase` = parity of this tile's reduction (tiles walked so far by this CTA, mod 2).
+__device__ __forceinline__ bool splitk_reduce(const KernelParams& p, float (&acc)[64], uint32_t rank, float* part,
+                                              uint32_t part_s, uint32_t red_full, uint32_t red_empty, uint32_t phase) {
+  const int t = threadIdx.x % kWarpgroup;
+  if (rank != 0) {
+#pragma unroll
+    for (int i = 0; i < 64; ++i) part[i * kWarpgroup + t] = acc[i];
+    ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_full, 0));
+    ptx::mbarrier_wait_cluster(red_empty, phase);
+    return false;
+  }
+  ptx::mbarrier_wait_cluster(red_full, phase);
+  for (int r = 1; r < p.split; ++r) {
+    const uint32_t src = ptx::mapa_shared_cluster(part_s, static_cast<uint32_t>(r)) + 4u * static_cast<uint32_t>(t);
+    float v[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) v[i] = ptx::ld_shared_cluster_f32(src + 4u * kWarpgroup * i);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = acc[i] + v[i];
+  }
+  for (int r = 1; r < p.split; ++r) ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_empty, r));
+  return true;
+}
+constexpr int kPartBytes = kRowsPerWg * kBN * 4;  // one warpgroup's partial block
 
 // Epilogue of one consumer warpgroup's 64 x 128 accumulator block.
 //
@@ -187,6 +251,7 @@ struct LaunchShape {
   int threads;
   int smem;
   bool pdl;
+  int cluster = 1;  // 1-D cluster size (split-K); 1 = no cluster
 };
 
 template <class... KArgs, class... Args>
@@ -196,22 +261,37 @@ inline cudaError_t launch_kernel(void (*kernel)(KArgs...), const LaunchShape& s,
   cfg.blockDim = dim3(static_cast<unsigned>(s.threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(s.smem);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (s.pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
+  if (s.cluster > 1) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = static_cast<unsigned>(s.cluster);
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = s.pdl ? 1 : 0;
+  cfg.numAttrs = n;
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
 // Host entry points of the kernel files (launch_sm90.cu calls them).
 // `cons` = consumer warpgroups (1: BM = 64, 2: BM = 128); `reg_epi` = the
 // register-resident epilogue (epilogue_regs_sm90.cuh) instead of the staged one.
+// p.split > 1 selects the split-K instance (cons must be 1; grid a multiple of p.split).
 cudaError_t launch_fp8promo(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
                             const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
 cudaError_t prepare_fp8promo();  // cudaFuncSetAttribute (max dynamic smem) of every instance
 cudaError_t launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
                           const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
 cudaError_t prepare_bf16dq();
+// cudaOccupancyMaxActiveClusters of the split-K instance with clusters of `split` CTAs (0 on error).
+int max_clusters_fp8promo(bool reg_epi, int split);
+int max_clusters_bf16dq(bool reg_epi, int split);
 
 }  // namespace m3qkv::sm90

@@ -24,13 +24,26 @@ namespace {
 // blocks of activations (12 MiB at BM = 128): both stay in the 50 MiB L2.
 constexpr int kBandHeads = 8;
 
-// cudaFuncSetAttribute (max dynamic shared memory) once per device.
+// cudaOccupancyMaxActiveClusters of the split-K instances, per device /
+// variant / epilogue / cluster size (filled by prepare_device).
+constexpr int kMaxDevices = 64;
+int g_max_clusters[kMaxDevices][2][2][kSm90MaxSplit + 1];
+
+// cudaFuncSetAttribute (max dynamic shared memory) and the cluster occupancy
+// table, once per device.
 m3qkv_status prepare_device(const DeviceInfo& dev) {
   static std::atomic<uint64_t> prepared{0};
   const uint64_t bit = (dev.device >= 0 && dev.device < 64) ? (uint64_t{1} << dev.device) : 0;
   if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return M3QKV_SUCCESS;
   cudaError_t e = sm90::prepare_fp8promo();
   if (e == cudaSuccess) e = sm90::prepare_bf16dq();
+  if (e == cudaSuccess && bit != 0) {
+    for (int v = 0; v < 2; ++v)
+      for (int ep = 0; ep < 2; ++ep)
+        for (int sp = 2; sp <= kSm90MaxSplit; ++sp)
+          g_max_clusters[dev.device][v][ep][sp] = v == kSm90Fp8Promote ? sm90::max_clusters_fp8promo(ep != 0, sp)
+                                                                       : sm90::max_clusters_bf16dq(ep != 0, sp);
+  }
   if (e != cudaSuccess)
     return fail(M3QKV_ERROR_CUDA_ERROR, "sm90: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) on device %d: %s (%s)",
                 dev.device, cudaGetErrorName(e), cudaGetErrorString(e));
@@ -41,7 +54,7 @@ m3qkv_status prepare_device(const DeviceInfo& dev) {
 }  // namespace
 
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
-                                int variant, int block_m, int epilogue) {
+                                int variant, int block_m, int epilogue, int split) {
   if (variant != kSm90Bf16Dequant && variant != kSm90Fp8Promote)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
                 "sm90_fused_variant: variant = %d is not 0 (bf16 dequant) or 1 (fp8 promote)", variant);
@@ -50,6 +63,9 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                 epilogue);
   if (block_m != 0 && block_m != 64 && block_m != 128)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_variant: block_m = %d is not 0, 64 or 128", block_m);
+  if (split < 0 || split > kSm90MaxSplit)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_variant: split = %d is not in [0, %d]", split,
+                kSm90MaxSplit);
   const int64_t heads = static_cast<int64_t>(a.nq) + 2 * a.nkv + a.niq + a.nik;
   if (a.m > INT32_MAX - 256 || a.k / 128 > INT32_MAX)
     return fail(M3QKV_ERROR_TOO_LARGE, "m3qkv_fused_qkv: m = %lld exceeds the SM90 kernel's 32-bit row index",
@@ -91,8 +107,54 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   p.n = heads * kHeadDim;
   p.epi = epi::make_epilogue_params(a);
 
-  const int64_t auto_grid = tiles < dev.num_sms ? tiles : dev.num_sms;
-  const int grid = static_cast<int>(a.grid > 0 && a.grid < tiles ? a.grid : (a.grid > 0 ? tiles : auto_grid));
+  // Split-K (docs/sm90.md), with 64-row tiles (chosen when 128-row tiles would
+  // leave SMs idle): at decode sizes the tiles (one per head) leave most SMs
+  // idle, and a few more tiles than SMs (M = 512 at TP4: 160 tiles) run in 2
+  // waves; a cluster of `sp` CTAs sharing a tile, each K / sp, fixes both.
+  // Automatic choice: the smallest modelled time
+  //   waves · (kFixed + ceil(ks / sp) + (sp - 1) · kRank)   [stage times]
+  // with waves from cudaOccupancyMaxActiveClusters. Fitted on the H200 (TP4,
+  // K = 6144, M = 1 / 64 / 128 / 512, cluster sizes 1..8; docs/sm90.md
+  // "Performance log" step 2): a stage costs ~1.2 (B) / 1.5 (A) us per CTA, a
+  // wave ~12 us besides its stages (~8 stages), each extra rank ~1.4 us (the
+  // leader's DSMEM pull, ~1 stage).
+  constexpr int64_t kFixed = 8, kRank = 1;
+  const int ks = static_cast<int>(a.k / sm90::kBK);
+  const int dev_idx = dev.device >= 0 && dev.device < kMaxDevices ? dev.device : -1;
+  int sp = 1;
+  if (split > 1) {
+    if (cons != 1)
+      return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                  "sm90_fused_variant: split-K needs 64-row tiles (block_m %d, M %lld gives 128)", block_m,
+                  static_cast<long long>(a.m));
+    sp = split < ks ? split : ks;
+  } else if (split == 0 && cons == 1 && dev_idx >= 0) {
+    const int64_t sms = dev.num_sms > 0 ? dev.num_sms : 1;
+    int64_t best = ((tiles + sms - 1) / sms) * (kFixed + ks);
+    for (int c = 2; c <= kSm90MaxSplit && c <= ks; ++c) {
+      const int64_t mc = g_max_clusters[dev_idx][variant][epilogue][c];
+      if (mc <= 0) continue;
+      const int64_t cost = ((tiles + mc - 1) / mc) * (kFixed + (ks + c - 1) / c + (c - 1) * kRank);
+      if (cost < best) {
+        best = cost;
+        sp = c;
+      }
+    }
+  }
+  p.split = sp;
+
+  int64_t grid64;
+  if (sp > 1) {
+    const int64_t mc = dev_idx >= 0 ? g_max_clusters[dev_idx][variant][epilogue][sp] : 0;
+    int64_t clusters = a.grid > 0 ? a.grid / sp : (mc > 0 ? mc : 1);
+    if (clusters < 1) clusters = 1;
+    if (clusters > tiles) clusters = tiles;
+    grid64 = clusters * sp;
+  } else {
+    const int64_t auto_grid = tiles < dev.num_sms ? tiles : dev.num_sms;
+    grid64 = a.grid > 0 && a.grid < tiles ? a.grid : (a.grid > 0 ? tiles : auto_grid);
+  }
+  const int grid = static_cast<int>(grid64);
   const bool pdl = a.use_pdl != 0;
   const bool reg_epi = epilogue == kSm90EpilogueRegisters;
   const cudaError_t e = variant == kSm90Fp8Promote
@@ -100,15 +162,22 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                             : sm90::launch_bf16dq(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, s);
   if (e != cudaSuccess)
     return fail(M3QKV_ERROR_CUDA_ERROR,
-                "m3qkv_fused_qkv: SM90 kernel launch (variant %d, epilogue %d, BM %d, grid %d): %s (%s)", variant,
-                epilogue, bm, grid, cudaGetErrorName(e), cudaGetErrorString(e));
+                "m3qkv_fused_qkv: SM90 kernel launch (variant %d, epilogue %d, BM %d, grid %d, split %d): %s (%s)",
+                variant, epilogue, bm, grid, sp, cudaGetErrorName(e), cudaGetErrorString(e));
   return M3QKV_SUCCESS;
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
-  return sm90_fused_variant(a, dev, acc_tap, s, kSm90DefaultVariant, 0, kSm90DefaultEpilogue);
+  return sm90_fused_variant(a, dev, acc_tap, s, kSm90DefaultVariant, 0, kSm90DefaultEpilogue, 0);
 }
 
 m3qkv_status sm90_warmup(const DeviceInfo& dev) { return prepare_device(dev); }
+
+int sm90_max_active_clusters(const DeviceInfo& dev, int variant, int epilogue, int split) {
+  if (dev.device < 0 || dev.device >= kMaxDevices || (variant != 0 && variant != 1) || (epilogue != 0 && epilogue != 1) ||
+      split < 2 || split > kSm90MaxSplit || prepare_device(dev) != M3QKV_SUCCESS)
+    return 0;
+  return g_max_clusters[dev.device][variant][epilogue][split];
+}
 
 }  // namespace m3qkv

@@ -31,11 +31,23 @@ enum Sm90Epilogue : int {
 // at M = 4096 (543.7 vs 629.2 us for A).
 constexpr Sm90Epilogue kSm90DefaultEpilogue = kSm90EpilogueRegisters;
 
+// Split-K over a thread-block cluster (docs/sm90.md "Split-K"): 0 = automatic
+// (with 64-row tiles, when the modelled time drops), 1 = off, 2..kSm90MaxSplit
+// = that many CTAs per tile (needs 64-row tiles: block_m 64, or 0 where the
+// automatic tile height is 64; clamped to K / 128).
+constexpr int kSm90MaxSplit = 8;  // portable cluster size limit
+
 // sm90_fused with an explicit mainloop variant (bench: time A vs B; tests:
 // check both), tile height (block_m = 64: one consumer warpgroup, 128: two,
-// 0: automatic = 64 when 128-row tiles would not fill the SMs) and epilogue.
+// 0: automatic = 64 when 128-row tiles would not fill the SMs), epilogue and
+// split-K. With split > 1, args.grid > 0 asks for max(1, grid / split) clusters.
 // Arguments already validated, m > 0 (as every backend launcher of internal.h).
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
-                                int variant, int block_m = 0, int epilogue = kSm90DefaultEpilogue);
+                                int variant, int block_m = 0, int epilogue = kSm90DefaultEpilogue, int split = 0);
+
+// cudaOccupancyMaxActiveClusters of the split-K instance (variant, epilogue)
+// with clusters of `split` CTAs on `dev`, as the automatic choice sees it
+// (0: unknown or not schedulable). For the timing test's report.
+int sm90_max_active_clusters(const DeviceInfo& dev, int variant, int epilogue, int split);
 
 }  // namespace m3qkv

@@ -42,9 +42,40 @@ namespace {
 using namespace m3qkv_gpu;
 using m3qkv_test::make_problem;
 
+// Whether this build has the SM90 backend. The library compiles src/sm90 only
+// when 90a is in M3QKV_CUDA_ARCHS, and this file gets a gencode for every
+// configured arch, so nvcc's __CUDA_ARCH_LIST__ (host pass too) tells: without
+// 900 the calls into the backend are not even instantiated (no link error in an
+// "80"- or "100f"-only build) and every test skips.
+constexpr bool arch_list_has(int want) {
+  constexpr int kList[] = {__CUDA_ARCH_LIST__};
+  for (int a : kList)
+    if (a == want) return true;
+  return false;
+}
+constexpr bool kBuiltSm90 = arch_list_has(900);
+
+template <bool kHave = kBuiltSm90>
+m3qkv_status sm90_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s, int variant,
+                       int block_m, int epilogue, int split = 0) {
+  if constexpr (kHave)
+    return m3qkv::sm90_fused_variant(a, dev, tap, s, variant, block_m, epilogue, split);
+  else
+    return M3QKV_ERROR_UNSUPPORTED_DEVICE;
+}
+
+template <bool kHave = kBuiltSm90>
+int sm90_clusters(const m3qkv::DeviceInfo& dev, int variant, int epilogue, int split) {
+  if constexpr (kHave)
+    return m3qkv::sm90_max_active_clusters(dev, variant, epilogue, split);
+  else
+    return 0;
+}
+
 #define M3QKV_REQUIRE_SM90()                                                                                       \
   do {                                                                                                             \
     M3QKV_REQUIRE_GPU();                                                                                           \
+    if (!kBuiltSm90) GTEST_SKIP() << "library built without the sm_90a target (M3QKV_CUDA_ARCHS lacks 90a)";       \
     if (::m3qkv_gpu::device_cc() != 90)                                                                            \
       GTEST_SKIP() << "the SM90 kernel needs compute capability 9.0 (device has " << ::m3qkv_gpu::device_cc() / 10 \
                    << "." << ::m3qkv_gpu::device_cc() % 10 << ")";                                                 \
@@ -92,6 +123,7 @@ struct Sm90Run {
   int epilogue = m3qkv::kSm90EpilogueStaged;
   int block_m = 0;  // 0 = automatic
   int grid = 0;
+  int split = 0;  // split-K cluster size, 0 = automatic, 1 = off
   int use_pdl = 0;
   bool tap = true;
 };
@@ -117,8 +149,8 @@ void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int 
   }
   Stream s;
   CUDA_OK(s.error());
-  M3QKV_OK(m3qkv::sm90_fused_variant(a, dev, run.tap ? tap.as<float>() : nullptr, s.get(), run.variant, run.block_m,
-                                     run.epilogue));
+  M3QKV_OK(sm90_call(a, dev, run.tap ? tap.as<float>() : nullptr, s.get(), run.variant, run.block_m, run.epilogue,
+                     run.split));
   CUDA_OK(cudaGetLastError());
   CUDA_OK(cudaStreamSynchronize(s.get()));
   CUDA_OK(fetch_outputs(d, out));
@@ -127,7 +159,8 @@ void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int 
 
 std::string run_name(const Sm90Run& r) {
   return std::string(variant_name(r.variant)) + " epilogue " + epilogue_name(r.epilogue) + " block_m " +
-         std::to_string(r.block_m) + " grid " + std::to_string(r.grid) + " pdl " + std::to_string(r.use_pdl);
+         std::to_string(r.block_m) + " grid " + std::to_string(r.grid) + " split " + std::to_string(r.split) +
+         " pdl " + std::to_string(r.use_pdl);
 }
 
 // Exact data: outputs and tap vs the golden model, both salts.
@@ -223,6 +256,58 @@ TEST(Sm90Shapes, TileHeightsGridsPdlGiveGoldenBytes_TP4_M129_K6144) {
             ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M129_K6144"));
             if (HasFailure()) return;
           }
+}
+
+// Split-K over a cluster (64-row tiles; M = 320: 5 row blocks, the last one
+// partial, 100 tiles): forced cluster sizes (5: uneven K ranges,
+// 9 or 10 stages of 48), off, automatic; a grid of 2 clusters walks all 20
+// tiles (the reduction barriers' phases wrap across tiles); PDL on.
+TEST(Sm90Shapes, SplitKClustersGiveGoldenBytes_TP4_K6144) {
+  M3QKV_REQUIRE_SM90();
+  print_seed_once();
+  for (int64_t m : {1, 64, 128, 320}) {
+    const Problem p = make_problem(config(kTP4, m, 6144, /*exact=*/true, 64));
+    const std::vector<float> acc =
+        m3qkv::golden::mxfp8_acc(p.xq.data(), p.xsf.data(), p.wq.data(), p.wsf.data(), p.m, p.n(), p.k);
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    for (int v : kVariants)
+      for (int ep : kEpilogues)
+        for (int split : {0, 1, 2, 5, 8})
+          for (int grid : {0, 10}) {
+            if (grid != 0 && split != 5) continue;
+            Sm90Run run;
+            run.variant = v;
+            run.epilogue = ep;
+            run.split = split;
+            run.grid = grid;
+            run.use_pdl = split == 2 ? 1 : 0;
+            ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M" + std::to_string(m) + "_K6144"));
+            if (HasFailure()) return;
+          }
+  }
+}
+
+// Split-K with a 128-row tile, or a cluster size past 8, is refused, not run.
+TEST(Sm90Shapes, SplitKRefusedWhereItDoesNotApply) {
+  M3QKV_REQUIRE_SM90();
+  print_seed_once();
+  for (int64_t m : {64, 2048}) {
+    const Problem p = make_problem(config(kTP8, m, 256, /*exact=*/true));
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    DeviceOutputs d;
+    CUDA_OK(d.init(p, 0));
+    m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
+    m3qkv::DeviceInfo dev;
+    M3QKV_OK(m3qkv::current_device_info(&dev));
+    const int bm = m == 64 ? 128 : 0;  // TP8 M 2048: 192 tiles of 128 rows, automatic block_m is 128
+    EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, m3qkv::kSm90Bf16Dequant, bm, m3qkv::kSm90EpilogueRegisters, 2),
+              M3QKV_ERROR_INVALID_ARGUMENT)
+        << "M " << m << " block_m " << bm;
+    EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, m3qkv::kSm90Bf16Dequant, 0, m3qkv::kSm90EpilogueRegisters, 9),
+              M3QKV_ERROR_INVALID_ARGUMENT);
+  }
 }
 
 TEST(Sm90Shapes, OutOfRangeSlotsAndPositionsFlaggedNotWritten_TP1_M200) {
@@ -369,6 +454,50 @@ TEST(Sm90Dequant, AllBytesAllScalesExactWhereBf16CanHoldTheProduct) {
 // (cudaEvent timing of 20 back-to-back launches after 3 warm-ups). A measurement,
 // not a check: disabled by default; it fails only when a launch fails or when the
 // two variants' outputs disagree beyond the fp8-wgmma accumulation difference.
+// Decode sizes: split-K cluster sizes side by side (warm L2, event timing;
+// the bench has the cold-L2 graph figures of the automatic choice).
+TEST(Sm90Timing, DISABLED_SplitK_TP4_SmallM_K6144) {
+  M3QKV_REQUIRE_SM90();
+  print_seed_once();
+  for (int64_t m : {1, 64, 128, 512}) {
+    const Problem p = make_problem(config(kTP4, m, 6144, /*exact=*/false, 128));
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    DeviceOutputs d;
+    CUDA_OK(d.init(p, 0));
+    m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
+    m3qkv::DeviceInfo dev;
+    M3QKV_OK(m3qkv::current_device_info(&dev));
+    Stream s;
+    CUDA_OK(s.error());
+    Event e0, e1;
+    CUDA_OK(e0.error());
+    CUDA_OK(e1.error());
+    if (m == 1)
+      for (int v : kVariants)
+        for (int ep : kEpilogues) {
+          std::printf("[ time ] sm90 %s epilogue %s max active clusters of 2..8:", variant_name(v), epilogue_name(ep));
+          for (int sp = 2; sp <= m3qkv::kSm90MaxSplit; ++sp)
+            std::printf(" %d", sm90_clusters(dev, v, ep, sp));
+          std::printf("\n");
+        }
+    for (int v : kVariants)
+      for (int ep : kEpilogues)
+        for (int split : {1, 0, 2, 3, 4, 6, 8}) {
+          for (int i = 0; i < 3; ++i) M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), v, 0, ep, split));
+          CUDA_OK(cudaEventRecord(e0.get(), s.get()));
+          constexpr int kIters = 50;
+          for (int i = 0; i < kIters; ++i) M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), v, 0, ep, split));
+          CUDA_OK(cudaEventRecord(e1.get(), s.get()));
+          CUDA_OK(cudaEventSynchronize(e1.get()));
+          float ms = 0.f;
+          CUDA_OK(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
+          std::printf("[ time ] sm90 %s epilogue %s TP4 M%lld K6144 split %d: %.1f us\n", variant_name(v),
+                      epilogue_name(ep), static_cast<long long>(m), split, 1e3 * double(ms) / kIters);
+        }
+  }
+}
+
 TEST(Sm90Timing, DISABLED_AvsB_TP4_M4096_K6144) {
   M3QKV_REQUIRE_SM90();
   print_seed_once();
@@ -389,10 +518,10 @@ TEST(Sm90Timing, DISABLED_AvsB_TP4_M4096_K6144) {
   std::vector<std::vector<float>> taps;
   for (int v : kVariants)
     for (int ep : kEpilogues) {
-      for (int i = 0; i < 3; ++i) M3QKV_OK(m3qkv::sm90_fused_variant(a, dev, nullptr, s.get(), v, 0, ep));
+      for (int i = 0; i < 3; ++i) M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), v, 0, ep));
       CUDA_OK(cudaEventRecord(e0.get(), s.get()));
       constexpr int kIters = 20;
-      for (int i = 0; i < kIters; ++i) M3QKV_OK(m3qkv::sm90_fused_variant(a, dev, nullptr, s.get(), v, 0, ep));
+      for (int i = 0; i < kIters; ++i) M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), v, 0, ep));
       CUDA_OK(cudaEventRecord(e1.get(), s.get()));
       CUDA_OK(cudaEventSynchronize(e1.get()));
       float ms = 0.f;
@@ -404,7 +533,7 @@ TEST(Sm90Timing, DISABLED_AvsB_TP4_M4096_K6144) {
       if (ep == m3qkv::kSm90EpilogueStaged) {
         DeviceBuffer tap(size_t(p.acc_elems()) * sizeof(float));
         CUDA_OK(tap.error());
-        M3QKV_OK(m3qkv::sm90_fused_variant(a, dev, tap.as<float>(), s.get(), v, 0, ep));
+        M3QKV_OK(sm90_call(a, dev, tap.as<float>(), s.get(), v, 0, ep));
         CUDA_OK(cudaStreamSynchronize(s.get()));
         taps.emplace_back();
         CUDA_OK(tap.download_as(&taps.back()));
