@@ -48,6 +48,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ptx/emu/emu_common.cuh"
 
@@ -486,13 +488,17 @@ __device__ __forceinline__ void tcgen05_wait_ld() { __syncwarp(); }
 // (src/sm100/fused_sm100.cu), because the device variables are per TU.
 #if defined(M3QKV_BUILDING_LIBRARY) && !defined(__CUDA_ARCH__)
 extern "C" __attribute__((visibility("default"))) int m3qkv_emu_present(void) { return 1; }
+extern "C" int m3qkv_emu_trap_record_install(void);
 // Sets the fault-injection XOR masks (0 everywhere = no fault). Returns a cudaError_t.
 extern "C" __attribute__((visibility("default"))) int m3qkv_emu_set_fault(unsigned long long a_desc_xor,
                                                                            unsigned long long b_desc_xor,
                                                                            unsigned long long sf_desc_xor,
                                                                            unsigned int idesc_xor) {
   m3qkv::ptx::emu::Fault f{a_desc_xor, b_desc_xor, sf_desc_xor, idesc_xor, 0u};
-  return static_cast<int>(cudaMemcpyToSymbol(m3qkv::ptx::emu::g_fault, &f, sizeof(f)));
+  const cudaError_t e = cudaMemcpyToSymbol(m3qkv::ptx::emu::g_fault, &f, sizeof(f));
+  if (e != cudaSuccess) return static_cast<int>(e);
+  // The tests call this before their runs: install the trap record's host mirror.
+  return m3qkv_emu_trap_record_install();
 }
 // Number of SMs whose emulated Tensor Memory still has allocated columns
 // (call after the kernels completed); prints them. < 0: CUDA error.
@@ -507,5 +513,84 @@ extern "C" __attribute__((visibility("default"))) int m3qkv_emu_tmem_leaks(void)
       ++leaks;
     }
   return leaks;
+}
+
+// Trap record (emu_common.cuh): device printf is lost when a trap kills the
+// context, so the model's traps also store their key numbers. The record is
+// mirrored into mapped pinned host memory, readable after the context died.
+namespace m3qkv::ptx::emu::host {
+inline TrapRecord* g_host_rec = nullptr;  // mapped pinned, never freed (must outlive a dead context)
+inline bool g_installed[64] = {};
+inline void print_record(const TrapRecord& r, FILE* f) {
+  fprintf(f,
+          "[m3qkv tcgen05 emulation] trap record (%u trap(s)): ptx/emu line %u, block %u thread %u, cluster rank %u/%u, "
+          "SM %u, gridid %llu: \"%s\"; v = {%#llx, %#llx, %#llx, %#llx}\n",
+          r.count, r.line, r.block_x, r.thread_x, r.cluster_rank, r.cluster_size, r.smid, r.gridid, r.fmt, r.v[0],
+          r.v[1], r.v[2], r.v[3]);
+  const unsigned n = r.dump_bytes < sizeof(r.dump) ? r.dump_bytes : static_cast<unsigned>(sizeof(r.dump));
+  if (n != 0) {
+    fprintf(f, "[m3qkv tcgen05 emulation]   dump (%u bytes):", n);
+    for (unsigned i = 0; i < n; ++i) fprintf(f, "%s%02x", i % 16 == 0 ? "\n    " : " ", r.dump[i]);
+    fprintf(f, "\n");
+  }
+}
+inline void print_at_exit() {
+  if (g_host_rec != nullptr && g_host_rec->state == 2u) print_record(*g_host_rec, stderr);
+}
+}  // namespace m3qkv::ptx::emu::host
+
+// Installs the host mirror of the trap record for the current device (once per
+// device; m3qkv_emu_set_fault() calls it). A recorded trap is printed at exit.
+// Returns a cudaError_t.
+extern "C" __attribute__((visibility("default"))) int m3qkv_emu_trap_record_install(void) {
+  namespace h = m3qkv::ptx::emu::host;
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  if (h::g_host_rec == nullptr) {
+    void* p = nullptr;
+    e = cudaHostAlloc(&p, sizeof(m3qkv::ptx::emu::TrapRecord), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) return static_cast<int>(e);
+    memset(p, 0, sizeof(m3qkv::ptx::emu::TrapRecord));
+    h::g_host_rec = static_cast<m3qkv::ptx::emu::TrapRecord*>(p);
+    atexit(h::print_at_exit);
+  }
+  if (dev >= 0 && dev < 64 && h::g_installed[dev]) return 0;
+  void* dptr = nullptr;
+  e = cudaHostGetDevicePointer(&dptr, h::g_host_rec, 0);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  e = cudaMemcpyToSymbol(m3qkv::ptx::emu::g_trap_host, &dptr, sizeof(dptr));
+  if (e != cudaSuccess) return static_cast<int>(e);
+  if (dev >= 0 && dev < 64) h::g_installed[dev] = true;
+  return 0;
+}
+// Describes the first recorded trap into buf (also to stderr when print != 0).
+// Returns 1 if a trap was recorded, 0 if none, < 0 (-cudaError_t) if the record
+// could not be read (no host mirror installed and the context is dead).
+extern "C" __attribute__((visibility("default"))) int m3qkv_emu_last_trap(char* buf, int len, int print) {
+  namespace h = m3qkv::ptx::emu::host;
+  m3qkv::ptx::emu::TrapRecord r;
+  if (h::g_host_rec != nullptr) {
+    memcpy(&r, const_cast<const m3qkv::ptx::emu::TrapRecord*>(h::g_host_rec), sizeof(r));
+  } else {
+    const cudaError_t e = cudaMemcpyFromSymbol(&r, m3qkv::ptx::emu::g_trap, sizeof(r));
+    if (e != cudaSuccess) return -static_cast<int>(e);
+  }
+  if (r.state != 2u) return 0;
+  r.fmt[sizeof(r.fmt) - 1] = 0;
+  if (buf != nullptr && len > 0)
+    snprintf(buf, static_cast<size_t>(len), "line %u block %u thread %u rank %u/%u SM %u: %s; v = {%#llx, %#llx, %#llx, %#llx}",
+             r.line, r.block_x, r.thread_x, r.cluster_rank, r.cluster_size, r.smid, r.fmt, r.v[0], r.v[1], r.v[2],
+             r.v[3]);
+  if (print) h::print_record(r, stderr);
+  return 1;
+}
+// Clears the record (host mirror and, if the context is alive, the device copy).
+extern "C" __attribute__((visibility("default"))) int m3qkv_emu_trap_record_reset(void) {
+  namespace h = m3qkv::ptx::emu::host;
+  if (h::g_host_rec != nullptr) memset(h::g_host_rec, 0, sizeof(*h::g_host_rec));
+  m3qkv::ptx::emu::TrapRecord z;
+  memset(&z, 0, sizeof(z));
+  return static_cast<int>(cudaMemcpyToSymbol(m3qkv::ptx::emu::g_trap, &z, sizeof(z)));
 }
 #endif

@@ -84,7 +84,8 @@ static __device__ __noinline__ uint32_t tmap_box_bytes(const void* tmap) {
 
 // Loads the box into this CTA at `dst` and waits until it has landed.
 __device__ __forceinline__ uint32_t tma_load_local_and_wait(uint32_t dst, const void* tmap, int32_t x, int32_t y) {
-  require_state("SM100 TMA (.cta_group::2)");
+  // v[3] of a trap record = the tensor map: tells the four loads of a stage apart.
+  require_state("SM100 TMA (.cta_group::2)", reinterpret_cast<unsigned long long>(tmap));
   const uint32_t bytes = tmap_box_bytes(tmap);
   const uint32_t bar = smem_addr(&s_cta.tma_bar);
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
