@@ -12,12 +12,15 @@
 // padding, rows past M). A byte the kernel fails to write could only escape if
 // its golden value equalled the poison, which cannot hold for both salts: the
 // tests that claim full coverage run both.
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "common/problem.h"
+#include "common/test_util.h"
 #include "gpu/gpu_util.h"
 #include "m3qkv/m3qkv.h"
 
@@ -26,6 +29,28 @@ namespace m3qkv_gpu {
 using m3qkv_test::HostOutputs;
 using m3qkv_test::Problem;
 using m3qkv_test::ProblemConfig;
+
+// Prints the test seed once per process (replay a failure with M3QKV_TEST_SEED).
+inline void print_seed_once() {
+  static bool done = false;
+  if (!done) {
+    std::printf("[ seed ] M3QKV_TEST_SEED=%" PRIu64 "\n", m3qkv_test::test_seed());
+    done = true;
+  }
+}
+
+// Head layouts of SPEC §2 used across the GPU tests (nq, nkv, niq, nik). Head
+// counts nq + 2nkv + niq + nik: TP1 77 and TP2 39 are odd (a phantom head at
+// SM100 cta_group 2), TP4 20, TP8 12, dense 20 (GQA without the indexer).
+struct Heads {
+  const char* name;
+  int nq, nkv, niq, nik;
+};
+constexpr Heads kTP1{"TP1", 64, 4, 4, 1};
+constexpr Heads kTP2{"TP2", 32, 2, 2, 1};
+constexpr Heads kTP4{"TP4", 16, 1, 1, 1};
+constexpr Heads kTP8{"TP8", 8, 1, 1, 1};
+constexpr Heads kDense{"Dense", 16, 2, 0, 0};
 
 constexpr size_t kGuard = 4096;  // keeps the payload 16-B (and 4 KiB) aligned
 

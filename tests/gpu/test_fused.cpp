@@ -34,24 +34,7 @@ namespace {
 using namespace m3qkv_gpu;
 using m3qkv_test::make_problem;
 
-void print_seed_once() {
-  static bool done = false;
-  if (!done) {
-    std::printf("[ seed ] M3QKV_TEST_SEED=%" PRIu64 "\n", m3qkv_test::test_seed());
-    done = true;
-  }
-}
-
 // ---------------------------------------------------------------- configs
-struct Heads {
-  const char* name;
-  int nq, nkv, niq, nik;
-};
-constexpr Heads kTP1{"TP1", 64, 4, 4, 1};
-constexpr Heads kTP2{"TP2", 32, 2, 2, 1};
-constexpr Heads kTP4{"TP4", 16, 1, 1, 1};
-constexpr Heads kTP8{"TP8", 8, 1, 1, 1};
-constexpr Heads kDense{"Dense", 16, 2, 0, 0};     // GQA without indexer
 constexpr Heads kDenseMha{"DenseMha", 4, 4, 0, 0};  // nq == nkv
 
 enum class QMode { Both, Bf16, Fp8 };

@@ -78,26 +78,6 @@ bool emulation_build() { return m3qkv_emu_present != nullptr && m3qkv_emu_presen
       GTEST_SKIP() << "tcgen05 emulation runs on CC 9.0 only (device CC " << ::m3qkv_gpu::device_cc() << ")";  \
   } while (0)
 
-void print_seed_once() {
-  static bool done = false;
-  if (!done) {
-    std::printf("[ seed ] M3QKV_TEST_SEED=%" PRIu64 "\n", m3qkv_test::test_seed());
-    done = true;
-  }
-}
-
-struct Heads {
-  const char* name;
-  int nq, nkv, niq, nik;
-};
-// Head counts (nq + 2nkv + niq + nik): TP1 77 and TP2 39 are odd (phantom head
-// at cta_group 2), TP4 20, TP8 12, dense 20 (no indexer).
-constexpr Heads kTP1{"TP1", 64, 4, 4, 1};
-constexpr Heads kTP2{"TP2", 32, 2, 2, 1};
-constexpr Heads kTP4{"TP4", 16, 1, 1, 1};
-constexpr Heads kTP8{"TP8", 8, 1, 1, 1};
-constexpr Heads kDense{"Dense", 16, 2, 0, 0};
-
 int total_heads(const Heads& h) { return h.nq + 2 * h.nkv + h.niq + h.nik; }
 
 struct EmuCase {

@@ -81,23 +81,6 @@ int sm90_clusters(const m3qkv::DeviceInfo& dev, int variant, int epilogue, int s
                    << "." << ::m3qkv_gpu::device_cc() % 10 << ")";                                                 \
   } while (0)
 
-void print_seed_once() {
-  static bool done = false;
-  if (!done) {
-    std::printf("[ seed ] M3QKV_TEST_SEED=%" PRIu64 "\n", m3qkv_test::test_seed());
-    done = true;
-  }
-}
-
-struct Heads {
-  const char* name;
-  int nq, nkv, niq, nik;
-};
-constexpr Heads kTP1{"TP1", 64, 4, 4, 1};
-constexpr Heads kTP2{"TP2", 32, 2, 2, 1};
-constexpr Heads kTP4{"TP4", 16, 1, 1, 1};
-constexpr Heads kTP8{"TP8", 8, 1, 1, 1};
-constexpr Heads kDense{"Dense", 16, 2, 0, 0};
 
 const int kVariants[] = {m3qkv::kSm90Bf16Dequant, m3qkv::kSm90Fp8Promote};
 const char* variant_name(int v) { return v == m3qkv::kSm90Bf16Dequant ? "A_bf16dq" : "B_fp8promo"; }

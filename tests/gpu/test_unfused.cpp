@@ -32,14 +32,6 @@ namespace {
 using namespace m3qkv_gpu;
 using m3qkv_test::make_problem;
 
-void print_seed_once() {
-  static bool done = false;
-  if (!done) {
-    std::printf("[ seed ] M3QKV_TEST_SEED=%" PRIu64 "\n", m3qkv_test::test_seed());
-    done = true;
-  }
-}
-
 struct Shape {
   const char* name;
   int64_t m;
