@@ -299,23 +299,7 @@ cudaError_t set_smem() {
 template <bool kRegEpi>
 int max_clusters(int split) {
   using C = Bf16DqCfg<1, kRegEpi, true>;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(split));
-  cfg.blockDim = dim3(static_cast<unsigned>(C::kThreads));
-  cfg.dynamicSmemBytes = static_cast<size_t>(C::kSmemBytes);
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(split);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, fused_bf16dq_kernel<1, kRegEpi, true>, &cfg) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return n;
+  return max_active_clusters(fused_bf16dq_kernel<1, kRegEpi, true>, C::kThreads, C::kSmemBytes, split);
 }
 
 }  // namespace

@@ -254,14 +254,14 @@ struct LaunchShape {
   int cluster = 1;  // 1-D cluster size (split-K); 1 = no cluster
 };
 
-template <class... KArgs, class... Args>
-inline cudaError_t launch_kernel(void (*kernel)(KArgs...), const LaunchShape& s, cudaStream_t stream, Args&&... args) {
+// The launch configuration of shape `s`: PDL and 1-D cluster attributes in
+// `attr` (storage owned by the caller).
+inline cudaLaunchConfig_t launch_config(const LaunchShape& s, cudaStream_t stream, cudaLaunchAttribute (&attr)[2]) {
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(static_cast<unsigned>(s.grid));
   cfg.blockDim = dim3(static_cast<unsigned>(s.threads));
   cfg.dynamicSmemBytes = static_cast<size_t>(s.smem);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
   unsigned n = 0;
   if (s.pdl) {
     attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -277,7 +277,27 @@ inline cudaError_t launch_kernel(void (*kernel)(KArgs...), const LaunchShape& s,
   }
   cfg.attrs = attr;
   cfg.numAttrs = n;
+  return cfg;
+}
+
+template <class... KArgs, class... Args>
+inline cudaError_t launch_kernel(void (*kernel)(KArgs...), const LaunchShape& s, cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = launch_config(s, stream, attr);
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
+}
+
+// cudaOccupancyMaxActiveClusters of `kernel` in clusters of `split` CTAs (0 on error).
+template <class... KArgs>
+inline int max_active_clusters(void (*kernel)(KArgs...), int threads, int smem, int split) {
+  cudaLaunchAttribute attr[2];
+  const cudaLaunchConfig_t cfg = launch_config(LaunchShape{split, threads, smem, false, split}, nullptr, attr);
+  int n = 0;
+  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
 }
 
 // Host entry points of the kernel files (launch_sm90.cu calls them).
