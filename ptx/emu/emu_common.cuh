@@ -213,19 +213,23 @@ __device__ __forceinline__ void require_state(const char* what, unsigned long lo
 }
 
 // Rank of the CTA whose shared memory holds shared::cluster address `a`
-// (checked exactly: mapa of the recovered offset must give `a` back).
+// (getctarank.shared::cluster, PTX ISA "getctarank", sm_90) and the shared::cta address of the
+// same location in this CTA's window, checked exactly: mapa(local, rank) must
+// give `a` back. The local address is found by the offset mapa applies to a
+// known variable of this CTA; no assumption about the numeric range of
+// shared::cta addresses (an earlier version required the local address to be
+// below 0x40000 and rejected the even CTA's barrier address in every odd CTA
+// on the H200).
 __device__ __forceinline__ bool cluster_addr_owner(uint32_t a, uint32_t* rank, uint32_t* local) {
+  uint32_t r;
+  asm volatile("getctarank.shared::cluster.u32 %0, %1;" : "=r"(r) : "r"(a));
+  if (r >= cluster_size()) return false;
   const uint32_t ref = smem_addr(&s_cta);
-  const uint32_t n = cluster_size();
-  for (uint32_t r = 0; r < n; ++r) {
-    const uint32_t cand = a - (mapa(ref, r) - ref);
-    if (cand < 0x40000u && mapa(cand, r) == a) {
-      *rank = r;
-      *local = cand;
-      return true;
-    }
-  }
-  return false;
+  const uint32_t cand = a - (mapa(ref, r) - ref);
+  if (mapa(cand, r) != a) return false;
+  *rank = r;
+  *local = cand;
+  return true;
 }
 
 }  // namespace m3qkv::ptx::emu

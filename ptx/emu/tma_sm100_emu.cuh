@@ -133,8 +133,12 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_multicast_cta_group_2(ui
   if (!((cta_mask >> me) & 1u))
     M3QKV_EMU_TRAP("SM100 TMA model: multicast mask %04x without the issuing CTA (rank %u) not modeled", cta_mask, me);
   uint32_t bar_rank, bar_local;
-  if (!cluster_addr_owner(bar_cluster, &bar_rank, &bar_local))
-    M3QKV_EMU_TRAP("SM100 TMA model: %08x is not a shared::cluster barrier address", bar_cluster);
+  if (!cluster_addr_owner(bar_cluster, &bar_rank, &bar_local)) {
+    const uint32_t ref = smem_addr(&s_cta);
+    // v = {the address, this CTA's shared::cta address of s_cta, mapa of it to ranks 0 and 1}
+    M3QKV_EMU_TRAP_V(bar_cluster, ref, mapa(ref, 0), mapa(ref, n > 1 ? 1u : 0u),
+                     "SM100 TMA model: %08x is not a shared::cluster barrier address", bar_cluster);
+  }
   const uint32_t bytes = tma_load_local_and_wait(dst, tmap, x, y);
   if (bytes % 16u) M3QKV_EMU_TRAP("SM100 TMA model: multicast box of %u bytes not a multiple of 16", bytes);
   for (uint32_t d = 0; d < 16; ++d) {

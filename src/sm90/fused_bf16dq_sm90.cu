@@ -279,6 +279,7 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
         epilogue_block(p, acc, tl, row_base, stg, 1 + cw);
     }
   }
+  splitk_exit_sync<kSplit>();
 #endif
 }
 

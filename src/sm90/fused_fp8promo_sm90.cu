@@ -198,6 +198,7 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi, kSplit>::kLaunchBo
         epilogue_block(p, acc, tl, row_base, stg, 1 + cw);
     }
   }
+  splitk_exit_sync<kSplit>();
 #endif
 }
 

@@ -199,6 +199,23 @@ __device__ __forceinline__ bool splitk_reduce(const KernelParams& p, float (&acc
 }
 constexpr int kPartBytes = kRowsPerWg * kBN * 4;  // one warpgroup's partial block
 
+// Split-K exit: no CTA of the cluster leaves before every CTA is done with the
+// others' shared memory. The red_empty handshake already orders the leader's
+// DSMEM reads before a rank's exit, but a CTA's shared memory may be reused by
+// a new CTA as soon as it exits, and the CUDA programming guide
+// ("Distributed Shared Memory") makes a cluster barrier before exit the rule
+// that guarantees it; compute-sanitizer racecheck checks exactly that rule.
+// Every thread of every role reaches this point (no role returns early);
+// __syncwarp first because the barrier is .aligned and roles diverge inside warps.
+template <bool kSplit>
+__device__ __forceinline__ void splitk_exit_sync() {
+  if constexpr (kSplit) {
+    __syncwarp();
+    ptx::barrier_cluster_arrive();
+    ptx::barrier_cluster_wait();
+  }
+}
+
 // Epilogue of one consumer warpgroup's 64 x 128 accumulator block.
 //
 // The accumulator fragment (ptx/wgmma.cuh) gives thread (warp w, lane l) rows
