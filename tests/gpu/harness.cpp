@@ -22,9 +22,15 @@ cudaError_t GuardedBuffer::init(size_t bytes, int salt) {
     buf_.reset();
     return cudaSuccess;
   }
-  const size_t total = bytes + 2 * kGuard;
-  cudaError_t e = buf_.alloc(total);
+  const cudaError_t e = buf_.alloc(bytes + 2 * kGuard);
   if (e != cudaSuccess) return e;
+  return repoison(salt);
+}
+
+cudaError_t GuardedBuffer::repoison(int salt) {
+  salt_ = salt;
+  if (bytes_ == 0) return cudaSuccess;
+  const size_t total = bytes_ + 2 * kGuard;
   std::vector<uint8_t> h(total);
   for (size_t i = 0; i < total; ++i) h[i] = salted_poison(i, salt);
   return cudaMemcpy(buf_.get(), h.data(), total, cudaMemcpyHostToDevice);
@@ -89,6 +95,16 @@ cudaError_t DeviceOutputs::init(const Problem& p, int salt, uint32_t preset_flag
   if ((e = kv_cache.init(p.kv_cache_bytes(), salt)) != cudaSuccess) return e;
   if ((e = index_cache.init(p.index_cache_bytes(), salt)) != cudaSuccess) return e;
   if ((e = flags.alloc(sizeof(uint32_t))) != cudaSuccess) return e;
+  return cudaMemcpy(flags.get(), &preset_flags, sizeof preset_flags, cudaMemcpyHostToDevice);
+}
+
+cudaError_t DeviceOutputs::repoison(int salt, uint32_t preset_flags) {
+  cudaError_t e;
+  if ((e = q_out.repoison(salt)) != cudaSuccess) return e;
+  if ((e = q_fp8_out.repoison(salt)) != cudaSuccess) return e;
+  if ((e = index_q_out.repoison(salt)) != cudaSuccess) return e;
+  if ((e = kv_cache.repoison(salt)) != cudaSuccess) return e;
+  if ((e = index_cache.repoison(salt)) != cudaSuccess) return e;
   return cudaMemcpy(flags.get(), &preset_flags, sizeof preset_flags, cudaMemcpyHostToDevice);
 }
 
@@ -251,6 +267,10 @@ void run_fused(const Problem& p, const DeviceInputs& in, const FusedRun& run, in
                std::vector<float>* acc, uint32_t preset_flags) {
   DeviceOutputs d;
   CUDA_OK(d.init(p, salt, preset_flags));
+  // The poison goes up with cudaMemcpy from pageable memory, which may return
+  // before the DMA reaches the device; the kernel runs on a non-blocking
+  // stream that does not order after it. Wait, so the poison is in place.
+  CUDA_OK(cudaDeviceSynchronize());
   m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs(run.with_flags));
   a.use_pdl = run.use_pdl;
   a.grid = run.grid;

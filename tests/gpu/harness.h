@@ -61,6 +61,11 @@ class GuardedBuffer {
  public:
   // Allocates and fills payload + guards with the salted pattern.
   cudaError_t init(size_t bytes, int salt);
+  // Refills payload + guards with the pattern of `salt` in place: the address
+  // stays, so a captured CUDA graph that writes here can be replayed on it.
+  // Synchronous cudaMemcpy (legacy stream): before work on a non-blocking
+  // stream reads or writes the buffer, synchronize the device.
+  cudaError_t repoison(int salt);
   void* payload() const { return bytes_ ? static_cast<uint8_t*>(buf_.get()) + kGuard : nullptr; }
   size_t bytes() const { return bytes_; }
   // The payload's initial content (what the host expectation starts from).
@@ -94,6 +99,9 @@ struct DeviceOutputs {
   GuardedBuffer q_out, q_fp8_out, index_q_out, kv_cache, index_cache;
   DeviceBuffer flags;  // uint32, zeroed (or preset)
   cudaError_t init(const Problem& p, int salt, uint32_t preset_flags = 0);
+  // Re-poisons every buffer in place (GuardedBuffer::repoison) and presets
+  // the flags; the pointers of ptrs() do not change.
+  cudaError_t repoison(int salt, uint32_t preset_flags = 0);
   m3qkv_test::OutputPtrs ptrs(bool with_flags = true) const;
 };
 
