@@ -12,7 +12,11 @@
 #
 # Steps, each under its own time limit and the whole under TOTAL_BUDGET seconds
 # (a device command may run 10 minutes): build (build-dev/, -j16), nvidia-smi,
-# GPU tests, CPU tests, compute-sanitizer memcheck + racecheck, demo, benchmark.
+# GPU tests, CPU tests, compute-sanitizer memcheck + racecheck + synccheck, demo, benchmark.
+# On a build with -DM3QKV_TCGEN05_EMULATION=ON the tcgen05-emulation tests run
+# in a separate step, each in its own process (tools/device/run_emu_isolated.sh:
+# a trap in the model kills the CUDA context), and the main GPU test step
+# leaves them out.
 # A failing step never stops the next one; a step whose binary is missing is
 # reported as "skip". The last thing printed is the summary table.
 #
@@ -29,11 +33,14 @@
 #   TOTAL_BUDGET     seconds for the whole script (default 540)
 #   <STEP>_TIMEOUT   per-step limits: BUILD_TIMEOUT (300), GPU_TESTS_TIMEOUT (240),
 #                    CPU_TESTS_TIMEOUT (90), MEMCHECK_TIMEOUT (90),
-#                    RACECHECK_TIMEOUT (90), DEMO_TIMEOUT (60), BENCH_TIMEOUT (150)
+#                    RACECHECK_TIMEOUT (90), SYNCCHECK_TIMEOUT (90), EMU_TIMEOUT (240),
+#                    DEMO_TIMEOUT (60), BENCH_TIMEOUT (150)
+#   EMU_FILTER       emulation tests for the isolated step (default "*Sm100Emu*")
 #
 # Files written to $OUT (at most 8 come back from the device machine; names
 # only [A-Za-z0-9._-]):
 #   build.log  gpu_tests.log  gpu_tests.json  sanitizer.log  bench.json
+#   emu_isolated.log (emulation builds only; replaces gpu_tests.json in the 8)
 #   misc.log (environment, nvidia-smi, CPU tests, demo, benchmark console)
 #   summary.txt
 set -uo pipefail
@@ -146,13 +153,32 @@ record nvidia-smi "$STEP_RC" "$STEP_SECS" - - - "$(nvidia-smi --query-gpu=name,d
 GPU_BIN=$(find_bin m3qkv_gpu_tests)
 GPU_LOG="$OUT/gpu_tests.log"
 : >"$GPU_LOG"
+EMU_BUILD=0
+grep -q '^M3QKV_TCGEN05_EMULATION:BOOL=ON' "$BUILD/CMakeCache.txt" 2>/dev/null && EMU_BUILD=1
+GPU_JSON=(--gtest_output="json:$OUT/gpu_tests.json")
+if ((EMU_BUILD)); then
+  # The emulation tests run in the isolated step below; gtest's JSON is left
+  # out to keep at most 8 files in $OUT (the log has every result).
+  GPU_JSON=()
+  if [[ "$GPU_FILTER" == *-* ]]; then GPU_FILTER="$GPU_FILTER:*Sm100Emu*"; else GPU_FILTER="$GPU_FILTER-*Sm100Emu*"; fi
+fi
 if [[ -x "$GPU_BIN" ]]; then
   run_step gpu_tests "${GPU_TESTS_TIMEOUT:-240}" "$GPU_LOG" \
-    "$GPU_BIN" --gtest_filter="$GPU_FILTER" --gtest_output="json:$OUT/gpu_tests.json" --gtest_color=no
+    "$GPU_BIN" --gtest_filter="$GPU_FILTER" "${GPU_JSON[@]}" --gtest_color=no
   read -r p f s < <(gtest_counts "$GPU_LOG")
   record gpu_tests "$STEP_RC" "$STEP_SECS" "$p" "$f" "$s" "$(note_timeout "filter $GPU_FILTER")"
 else
   record gpu_tests skip 0 - - - "not built"
+fi
+
+# --- tcgen05 emulation tests, one process each (emulation builds) -------------
+if ((EMU_BUILD)) && [[ -x "$GPU_BIN" ]]; then
+  run_step emu_isolated "${EMU_TIMEOUT:-240}" "$MISC" \
+    env OUT="$OUT" bash tools/device/run_emu_isolated.sh "$BUILD" "${EMU_FILTER:-*Sm100Emu*}" 30
+  counts=$(grep -o "emu isolated: .*" "$OUT/emu_isolated.log" 2>/dev/null | tail -1)
+  read -r p f t < <(sed -E 's/.*: ([0-9]+) passed, ([0-9]+) failed, ([0-9]+) timed out.*/\1 \2 \3/' <<<"${counts:-x}")
+  [[ "$p" =~ ^[0-9]+$ ]] || { p=- f=- t=-; }
+  record emu_isolated "$STEP_RC" "$STEP_SECS" "$p" "$f" - "$(note_timeout "${counts:-no result line}")"
 fi
 
 # --- CPU tests ----------------------------------------------------------------
@@ -172,13 +198,11 @@ fi
 SAN_LOG="$OUT/sanitizer.log"
 : >"$SAN_LOG"
 if [[ "${SKIP_SANITIZER:-0}" == 1 ]]; then
-  record memcheck skip 0 - - - "SKIP_SANITIZER=1"
-  record racecheck skip 0 - - - "SKIP_SANITIZER=1"
+  for tool in memcheck racecheck synccheck; do record "$tool" skip 0 - - - "SKIP_SANITIZER=1"; done
 elif ! command -v compute-sanitizer >/dev/null; then
-  record memcheck skip 0 - - - "no compute-sanitizer"
-  record racecheck skip 0 - - - "no compute-sanitizer"
+  for tool in memcheck racecheck synccheck; do record "$tool" skip 0 - - - "no compute-sanitizer"; done
 elif [[ -x "$GPU_BIN" ]]; then
-  for tool in memcheck racecheck; do
+  for tool in memcheck racecheck synccheck; do
     var=$(echo "$tool" | tr a-z A-Z)_TIMEOUT
     start=$(($(wc -l <"$SAN_LOG") + 1))
     extra=()
@@ -192,8 +216,7 @@ elif [[ -x "$GPU_BIN" ]]; then
     record "$tool" "$STEP_RC" "$STEP_SECS" "$p" "$f" "$s" "$(note_timeout "$summary_line")"
   done
 else
-  record memcheck skip 0 - - - "gpu tests not built"
-  record racecheck skip 0 - - - "gpu tests not built"
+  for tool in memcheck racecheck synccheck; do record "$tool" skip 0 - - - "gpu tests not built"; done
 fi
 
 # --- demo ---------------------------------------------------------------------
