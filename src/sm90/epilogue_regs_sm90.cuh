@@ -60,37 +60,64 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
 #pragma unroll
   for (int j = 0; j < kBN / 8; ++j) wv[j] = norm ? *reinterpret_cast<const uint32_t*>(w + 8 * j + c0) : 0u;
 
+  // Per-row inputs of both rows first, in two dependent rounds of global
+  // loads instead of three per row (slot -> position -> cos/sin, row after
+  // row: the H200 timeline showed ~6 µs for one tile's epilogue at M = 1 with
+  // cold caches, nearly all of it these round trips). Round 1: the slot and
+  // position words of both rows (plain loads of in-range entries; the flag
+  // side effects of resolve_slot / clamp_position stay under the conditions
+  // of epilogue_head_row). Round 2: the RoPE cos/sin words of both rows.
+  constexpr int kCsWords = kRopeHalf / 8;  // cos (and sin) words per lane and row
+  bool valid[2], to_cache[2] = {false, false};
+  epi::SlotAddr sa[2] = {{0, 0}, {0, 0}};
+  uint8_t* slot_base[2] = {nullptr, nullptr};
+  int64_t slot_raw[2], pos_raw[2];
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row_base + r0 + 8 * h;
-    const bool valid = row < p.m;  // the same for the 4 lanes of a quad
-    float y[kBN / 4];              // y[2j + b] = column 8j + c0 + b
+    valid[h] = row < p.m;  // the same for the 4 lanes of a quad
+    const bool kv = hi.kind == HeadKind::K || hi.kind == HeadKind::V;
+    slot_raw[h] = !valid[h] ? -1 : kv ? e.slot_mapping[row] : hi.kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
+    pos_raw[h] = valid[h] && norm ? e.positions[row] : 0;
+  }
+  uint32_t cs_w[2][kCsWords], sn_w[2][kCsWords];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    // Cache destination (k, v, index_k): resolved first, as epilogue_head_row does.
+    if (valid[h] && (hi.kind == HeadKind::K || hi.kind == HeadKind::V)) {
+      to_cache[h] = epi::resolve_slot(slot_raw[h], e.num_blocks, e.block_size, e.error_flags,
+                                      M3QKV_FLAG_SLOT_OUT_OF_RANGE, &sa[h]);
+      if (to_cache[h])
+        slot_base[h] = e.kv_cache + nvfp4_slot_base(sa[h].page, 2 * hi.index + (hi.kind == HeadKind::K ? 0 : 1),
+                                                    e.kv_page_stride, e.block_size);
+    } else if (valid[h] && hi.kind == HeadKind::IndexK) {
+      to_cache[h] = epi::resolve_slot(slot_raw[h], e.num_index_blocks, e.block_size, e.error_flags,
+                                      M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &sa[h]);
+      if (to_cache[h]) slot_base[h] = e.index_cache + nvfp4_slot_base(sa[h].page, 0, e.index_page_stride, e.block_size);
+    }
+    // Position guard only where epilogue_head_row reads the position.
+    const bool reads_pos =
+        norm && valid[h] && (hi.kind == HeadKind::Q || hi.kind == HeadKind::IndexQ || to_cache[h]);
+    const int64_t pos = reads_pos ? epi::clamp_position(pos_raw[h], e.max_position, e.error_flags) : 0;
+    const uint16_t* cs = e.cos_sin_cache + pos * kRopeDim;
+#pragma unroll
+    for (int j = 0; j < kCsWords; ++j) {
+      cs_w[h][j] = norm ? *reinterpret_cast<const uint32_t*>(cs + 8 * j + c0) : 0u;
+      sn_w[h][j] = norm ? *reinterpret_cast<const uint32_t*>(cs + kRopeHalf + 8 * j + c0) : 0u;
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row_base + r0 + 8 * h;
+    float y[kBN / 4];  // y[2j + b] = column 8j + c0 + b
 #pragma unroll
     for (int j = 0; j < kBN / 8; ++j) {
       y[2 * j] = acc[4 * j + 2 * h];
       y[2 * j + 1] = acc[4 * j + 2 * h + 1];
     }
 
-    // Cache destination (k, v, index_k): resolved first, as epilogue_head_row does.
-    bool to_cache = false;
-    epi::SlotAddr sa{0, 0};
-    uint8_t* slot_base = nullptr;
-    if (valid && (hi.kind == HeadKind::K || hi.kind == HeadKind::V)) {
-      to_cache = epi::resolve_slot(e.slot_mapping[row], e.num_blocks, e.block_size, e.error_flags,
-                                   M3QKV_FLAG_SLOT_OUT_OF_RANGE, &sa);
-      if (to_cache)
-        slot_base = e.kv_cache + nvfp4_slot_base(sa.page, 2 * hi.index + (hi.kind == HeadKind::K ? 0 : 1),
-                                                 e.kv_page_stride, e.block_size);
-    } else if (valid && hi.kind == HeadKind::IndexK) {
-      to_cache = epi::resolve_slot(e.index_slot_mapping[row], e.num_index_blocks, e.block_size, e.error_flags,
-                                   M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &sa);
-      if (to_cache) slot_base = e.index_cache + nvfp4_slot_base(sa.page, 0, e.index_page_stride, e.block_size);
-    }
-
     if (norm) {
-      // Position read (and its guard) only where epilogue_head_row reads it.
-      const bool reads_pos = valid && (hi.kind == HeadKind::Q || hi.kind == HeadKind::IndexQ || to_cache);
-      const int64_t pos = reads_pos ? epi::clamp_position(e.positions[row], e.max_position, e.error_flags) : 0;
       float s = 0.0f;
 #pragma unroll
       for (int i = 0; i < kBN / 4; ++i) s = fma_rn(y[i], y[i], s);
@@ -100,15 +127,12 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
         y[2 * j] = rms_apply(y[2 * j], r, bf16_to_f32(static_cast<uint16_t>(wv[j] & 0xffffu)));
         y[2 * j + 1] = rms_apply(y[2 * j + 1], r, bf16_to_f32(static_cast<uint16_t>(wv[j] >> 16)));
       }
-      const uint16_t* cs = e.cos_sin_cache + pos * kRopeDim;
 #pragma unroll
-      for (int j = 0; j < kRopeHalf / 8; ++j) {
-        const uint32_t cw = *reinterpret_cast<const uint32_t*>(cs + 8 * j + c0);
-        const uint32_t sw = *reinterpret_cast<const uint32_t*>(cs + kRopeHalf + 8 * j + c0);
+      for (int j = 0; j < kCsWords; ++j) {
 #pragma unroll
         for (int b = 0; b < 2; ++b) {
-          const float co = bf16_to_f32(static_cast<uint16_t>(cw >> (16 * b)));
-          const float si = bf16_to_f32(static_cast<uint16_t>(sw >> (16 * b)));
+          const float co = bf16_to_f32(static_cast<uint16_t>(cs_w[h][j] >> (16 * b)));
+          const float si = bf16_to_f32(static_cast<uint16_t>(sn_w[h][j] >> (16 * b)));
           const float u = y[2 * j + b];
           const float v = y[2 * (j + kRopeHalf / 8) + b];
           rope_pair(u, v, co, si, &y[2 * j + b], &y[2 * (j + kRopeHalf / 8) + b]);
@@ -117,7 +141,7 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
     }
 
     if (hi.kind == HeadKind::Q) {
-      if (valid) {
+      if (valid[h]) {
         const int64_t off = (row * e.nq + hi.index) * kHeadDim + c0;
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j) {
@@ -129,7 +153,7 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
         }
       }
     } else if (hi.kind == HeadKind::IndexQ) {
-      if (valid) {
+      if (valid[h]) {
         const int64_t off = (row * e.niq + hi.index) * kHeadDim + c0;
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j)
@@ -149,14 +173,14 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
         amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
         float rc;
         const uint8_t s8 = nvfp4_group_scale(amax, has_sf, sf, &rc);
-        if (to_cache) {
+        if (to_cache[h]) {
 #pragma unroll
           for (int jj = 2 * g; jj < 2 * g + 2; ++jj)
-            slot_base[nvfp4_data_offset(sa.token, 8 * jj + c0)] =
+            slot_base[h][nvfp4_data_offset(sa[h].token, 8 * jj + c0)] =
                 static_cast<uint8_t>(epi::nvfp4_encode2(y[2 * jj], y[2 * jj + 1], rc));
           if (g % 4 == q)
-            slot_base[v_swizzle ? nvfp4_scale_offset_v(sa.token, g, e.block_size)
-                                : nvfp4_scale_offset_linear(sa.token, g, e.block_size)] = s8;
+            slot_base[h][v_swizzle ? nvfp4_scale_offset_v(sa[h].token, g, e.block_size)
+                                   : nvfp4_scale_offset_linear(sa[h].token, g, e.block_size)] = s8;
         }
       }
     }

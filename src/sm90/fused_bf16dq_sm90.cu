@@ -90,21 +90,39 @@ struct Bf16DqCfg {
                 "setmaxnreg: the register pool allocated at launch must cover the increased warpgroups");
 };
 
-// Converts row `r` (16-B chunks 4h..4h+3 of the raw stage = K 64h..64h+63) of
-// one operand tile into the bf16 stage. `sf` = the row's 4 scale bytes.
+// Row `r` (16-B chunks 4h..4h+3 of the raw stage = K 64h..64h+63) of one
+// operand tile, converted into the bf16 stage in two steps so that the
+// transform can issue the shared loads of both operands (and before it waits
+// for the bf16 stage to be free) and convert afterwards: ncu at M = 4096 showed
+// the transform warps (2 per scheduler) stalled on each load's latency
+// (short scoreboard) with the consumers starved for bf16 stages.
 // kXf transform warpgroups share the row: part `x` converts chunks
 // 4h + i, i in [x·4/kXf, (x+1)·4/kXf).
 template <int kXf>
-__device__ __forceinline__ void convert_row_half(const uint8_t* raw_tile, uint8_t* bf_tile, int r, int h, uint32_t sf,
-                                                 int x) {
+struct RowHalf {
+  uint4 v[4 / kXf];
+};
+template <int kXf>
+__device__ __forceinline__ RowHalf<kXf> load_row_half(const uint8_t* raw_tile, int r, int h, int x) {
+  RowHalf<kXf> o;
+#pragma unroll
+  for (int ii = 0; ii < 4 / kXf; ++ii) {
+    const int c = 4 * h + x * (4 / kXf) + ii;  // raw chunk: K 16c .. 16c+15
+    o.v[ii] = *reinterpret_cast<const uint4*>(raw_tile + r * kSwizzleBytes + ((c ^ (r % 8)) << 4));
+  }
+  return o;
+}
+// `sf` = the row's 4 scale bytes (MX block c/2 of raw chunk c).
+template <int kXf>
+__device__ __forceinline__ void store_row_half(const RowHalf<kXf>& in, uint8_t* bf_tile, int r, int h, uint32_t sf,
+                                               int x) {
   const int sw = r % 8;
 #pragma unroll
   for (int ii = 0; ii < 4 / kXf; ++ii) {
     const int i = x * (4 / kXf) + ii;
-    const int c = 4 * h + i;  // raw chunk: K 16c .. 16c+15, MX block c/2
-    const uint4 in = *reinterpret_cast<const uint4*>(raw_tile + r * kSwizzleBytes + ((c ^ sw) << 4));
+    const int c = 4 * h + i;
     uint4 lo, hi;
-    dequant16_e4m3_to_bf16(in, (sf >> (8 * (c / 2))) & 0xffu, &lo, &hi);
+    dequant16_e4m3_to_bf16(in.v[ii], (sf >> (8 * (c / 2))) & 0xffu, &lo, &hi);
     *reinterpret_cast<uint4*>(bf_tile + r * kSwizzleBytes + (((2 * i) ^ sw) << 4)) = lo;
     *reinterpret_cast<uint4*>(bf_tile + r * kSwizzleBytes + (((2 * i + 1) ^ sw) << 4)) = hi;
   }
@@ -147,6 +165,8 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
   const int wg = threadIdx.x / kWarpgroup;
   const int warp = threadIdx.x / 32;
   if (threadIdx.x == 0) {
+    trace_event(p, kTrEntry);
+    trace_value(p, kTrRank, rank);
     for (int s = 0; s < C::kRawStages; ++s) {
       ptx::mbarrier_init(raw_full0 + 8 * s, 1);
       ptx::mbarrier_init(raw_empty0 + 8 * s, C::kXf * kWarpgroup);
@@ -172,17 +192,19 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
     ptx::barrier_cluster_wait();
   }
   griddepcontrol_wait();
+  if (threadIdx.x == 0) trace_event(p, kTrPdlWaitDone);
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<C::kProducerRegs>();
     if (warp == 0 && ptx::elect_sync()) {
+      trace_event(p, kTrProducerStart);
       produce<kBM, C::kRawStages>(p, wk, &tmap_x, &tmap_w, base + C::kAOff, base + C::kBOff, base + C::kSfaOff,
                                   base + C::kSfbOff, raw_full0, raw_empty0);
     }
     griddepcontrol_launch_dependents();
   } else if (wg <= C::kXf) {
     ptx::setmaxnreg_dec<C::kTransformRegs>();
-    // Thread r of transform warpgroup x converts its chunks (convert_row_half)
+    // Thread r of transform warpgroup x converts its chunks (load/store_row_half)
     // of row r of the B tile and, when r < BM, of row r of the A tile.
     const int r = threadIdx.x % kWarpgroup;
     const int xpart = wg - 1;  // which chunks of the row (kXf = 2: halves)
@@ -197,20 +219,25 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
       const bool a_live = r < kBM && static_cast<int64_t>(tl.mb) * kBM + r < p.m;
       for (int ks = wk.k0; ks < wk.k1; ++ks) {
         ptx::mbarrier_wait(raw_full0 + 8 * rs.idx, rs.phase);
+        if (threadIdx.x == kWarpgroup && ti == wk.first && ks == wk.k0) trace_event(p, kTrXfFirstRaw);
         const uint8_t* a_raw = gbase + C::kAOff + rs.idx * C::kABytes;
         const uint8_t* b_raw = gbase + C::kBOff + rs.idx * C::kBBytes;
         const uint32_t sfa = *reinterpret_cast<const uint32_t*>(gbase + C::kSfaOff + rs.idx * kSfChunk + sfa_off);
         const uint32_t sfb = *reinterpret_cast<const uint32_t*>(gbase + C::kSfbOff + rs.idx * kSfChunk + sfb_off);
 #pragma unroll
         for (int h = 0; h < kBK / kBKbf; ++h) {
+          // B's loads go out before the wait (their latency hides behind it).
+          // Holding A's too spills at 56 registers (BM 128, two transform
+          // warpgroups), so A is loaded after B is converted.
+          const RowHalf<C::kXf> rb = load_row_half<C::kXf>(b_raw, r, h, xpart);
           ptx::mbarrier_wait(bf_empty0 + 8 * bs.idx, bs.phase ^ 1u);
           uint8_t* a_bf = gbase + C::kAbfOff + bs.idx * C::kAbfBytes;
           uint8_t* b_bf = gbase + C::kBbfOff + bs.idx * C::kBbfBytes;
+          store_row_half<C::kXf>(rb, b_bf, r, h, sfb, xpart);
           if (a_live)
-            convert_row_half<C::kXf>(a_raw, a_bf, r, h, sfa, xpart);
+            store_row_half<C::kXf>(load_row_half<C::kXf>(a_raw, r, h, xpart), a_bf, r, h, sfa, xpart);
           else if (r < kBM)
             zero_row_half<C::kXf>(a_bf, r, xpart);
-          convert_row_half<C::kXf>(b_raw, b_bf, r, h, sfb, xpart);
           // Generic-proxy stores read next by wgmma (async proxy): fence in
           // every writing thread before the release (HOPPER.md "Ordering").
           ptx::fence_proxy_async_shared_cta();
@@ -221,10 +248,12 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
         rs.advance();
       }
     }
+    if (threadIdx.x == kWarpgroup) trace_event(p, kTrXfDone);
   } else {
     ptx::setmaxnreg_inc<C::kConsumerRegs>();
     const int cw = wg - 1 - C::kXf;
     const int l = threadIdx.x % 32;
+    const bool cons_t0 = threadIdx.x == (1 + C::kXf) * kWarpgroup;  // first consumer thread
     float* stg = reinterpret_cast<float*>(gbase + C::kStgOff) + cw * kRowsPerWg * kStageStride;
     PipeState<C::kBfStages> bs;
     float acc[64];
@@ -239,6 +268,7 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
       uint32_t prev = 0;
       for (int s = 0; s < n_bf; ++s) {
         ptx::mbarrier_wait(bf_full0 + 8 * bs.idx, bs.phase);
+        if (cons_t0 && s == 0 && ti == wk.first) trace_event(p, kTrConsFirstBf);
         const uint64_t da =
             wgmma::make_desc_kmajor_sw128(base + C::kAbfOff + bs.idx * C::kAbfBytes + cw * kRowsPerWg * kSwizzleBytes);
         const uint64_t db = wgmma::make_desc_kmajor_sw128(base + C::kBbfOff + bs.idx * C::kBbfBytes);
@@ -266,20 +296,24 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
       fence_acc(acc);
       __syncwarp();
       if (l == 0) ptx::mbarrier_arrive(bf_empty0 + 8 * prev);
+      if (cons_t0) trace_event(p, kTrConsMainDone);
       const int64_t row_base = static_cast<int64_t>(tl.mb) * kBM + kRowsPerWg * cw;
       if constexpr (kSplit) {
         const bool leader = splitk_reduce(p, acc, rank, reinterpret_cast<float*>(gbase + C::kStgOff),
                                           base + C::kStgOff, red_full, red_empty, red_phase);
         red_phase ^= 1u;
+        if (cons_t0) trace_event(p, kTrConsReduced);
         if (!leader) continue;
       }
       if constexpr (kRegEpi)
         epilogue_block_regs(p, acc, tl, row_base);
       else
         epilogue_block(p, acc, tl, row_base, stg, 1 + cw);
+      if (cons_t0) trace_event(p, kTrConsEpiDone);
     }
   }
   splitk_exit_sync<kSplit>();
+  if (threadIdx.x == 0) trace_event(p, kTrExit);
 #endif
 }
 

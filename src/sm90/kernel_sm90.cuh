@@ -21,12 +21,14 @@
 #include "ptx/cluster.cuh"
 #include "ptx/elect.cuh"
 #include "ptx/fence.cuh"
+#include "ptx/globaltimer.cuh"
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
 #include "ptx/sm90_extra.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
+#include "sm90/sm90.h"
 
 namespace m3qkv::sm90 {
 
@@ -58,7 +60,18 @@ struct KernelParams {
   float* acc_tap;      // test only: f32 accumulator [M, N], or null
   int64_t n;           // N (tap row stride)
   epi::EpilogueParams epi;
+  uint64_t* trace;     // test only: per-CTA event times [trace_ctas][kTraceEvents] (ns), or null
+  int32_t trace_ctas;
 };
+
+// Test-only timeline: events and layout in sm90.h (TraceEvent, sm90_set_trace).
+__device__ __forceinline__ void trace_value(const KernelParams& p, int ev, uint64_t v) {
+  if (p.trace != nullptr && static_cast<int>(blockIdx.x) < p.trace_ctas)
+    p.trace[static_cast<int64_t>(blockIdx.x) * kTraceEvents + ev] = v;
+}
+__device__ __forceinline__ void trace_event(const KernelParams& p, int ev) {
+  if (p.trace != nullptr) trace_value(p, ev, ptx::globaltimer());
+}
 
 struct Tile {
   int mb;    // row block (BM rows)
@@ -304,15 +317,18 @@ inline cudaError_t launch_kernel(void (*kernel)(KArgs...), const LaunchShape& s,
   return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
 }
 
-// cudaOccupancyMaxActiveClusters of `kernel` in clusters of `split` CTAs (0 on error).
+// cudaOccupancyMaxActiveClusters of `kernel` in clusters of `split` CTAs (-1 on error).
 template <class... KArgs>
 inline int max_active_clusters(void (*kernel)(KArgs...), int threads, int smem, int split) {
   cudaLaunchAttribute attr[2];
   const cudaLaunchConfig_t cfg = launch_config(LaunchShape{split, threads, smem, false, split}, nullptr, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
+    // Our own failure is now the thread's last error (one slot: any earlier
+    // error was already replaced by it); clear it so that it does not surface
+    // in the caller's next cudaGetLastError.
     (void)cudaGetLastError();
-    return 0;
+    return -1;
   }
   return n;
 }
@@ -327,7 +343,7 @@ cudaError_t prepare_fp8promo();  // cudaFuncSetAttribute (max dynamic smem) of e
 cudaError_t launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
                           const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
 cudaError_t prepare_bf16dq();
-// cudaOccupancyMaxActiveClusters of the split-K instance with clusters of `split` CTAs (0 on error).
+// cudaOccupancyMaxActiveClusters of the split-K instance with clusters of `split` CTAs (-1 on error).
 int max_clusters_fp8promo(bool reg_epi, int split);
 int max_clusters_bf16dq(bool reg_epi, int split);
 

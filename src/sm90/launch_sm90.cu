@@ -4,6 +4,7 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <mutex>
 
 #include "common/epilogue.cuh"
 #include "common/tensor_map.h"
@@ -29,25 +30,41 @@ constexpr int kBandHeads = 8;
 constexpr int kMaxDevices = 64;
 int g_max_clusters[kMaxDevices][2][2][kSm90MaxSplit + 1];
 
+// Test-only timeline buffer (sm90_set_trace); null = off.
+uint64_t* g_trace = nullptr;
+int g_trace_ctas = 0;
+
 // cudaFuncSetAttribute (max dynamic shared memory) and the cluster occupancy
-// table, once per device.
+// table, once per device. The slow path runs under a mutex: two host threads
+// making their first call at once would otherwise both write the table (same
+// values, but a data race). A failed occupancy query leaves 0 in the table
+// (no split-K of that size for this call) and the device unprepared, so the
+// next call asks again instead of running without split-K for the rest of
+// the process.
 m3qkv_status prepare_device(const DeviceInfo& dev) {
   static std::atomic<uint64_t> prepared{0};
+  static std::mutex slow_path;
   const uint64_t bit = (dev.device >= 0 && dev.device < 64) ? (uint64_t{1} << dev.device) : 0;
+  if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return M3QKV_SUCCESS;
+  std::lock_guard<std::mutex> lock(slow_path);
   if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return M3QKV_SUCCESS;
   cudaError_t e = sm90::prepare_fp8promo();
   if (e == cudaSuccess) e = sm90::prepare_bf16dq();
-  if (e == cudaSuccess && bit != 0) {
-    for (int v = 0; v < 2; ++v)
-      for (int ep = 0; ep < 2; ++ep)
-        for (int sp = 2; sp <= kSm90MaxSplit; ++sp)
-          g_max_clusters[dev.device][v][ep][sp] = v == kSm90Fp8Promote ? sm90::max_clusters_fp8promo(ep != 0, sp)
-                                                                       : sm90::max_clusters_bf16dq(ep != 0, sp);
-  }
   if (e != cudaSuccess)
     return fail(M3QKV_ERROR_CUDA_ERROR, "sm90: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) on device %d: %s (%s)",
                 dev.device, cudaGetErrorName(e), cudaGetErrorString(e));
-  prepared.fetch_or(bit, std::memory_order_acq_rel);
+  bool complete = bit != 0;
+  if (bit != 0) {
+    for (int v = 0; v < 2; ++v)
+      for (int ep = 0; ep < 2; ++ep)
+        for (int sp = 2; sp <= kSm90MaxSplit; ++sp) {
+          const int n = v == kSm90Fp8Promote ? sm90::max_clusters_fp8promo(ep != 0, sp)
+                                             : sm90::max_clusters_bf16dq(ep != 0, sp);
+          g_max_clusters[dev.device][v][ep][sp] = n > 0 ? n : 0;
+          complete = complete && n >= 0;
+        }
+  }
+  if (complete) prepared.fetch_or(bit, std::memory_order_acq_rel);
   return M3QKV_SUCCESS;
 }
 
@@ -104,6 +121,8 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   p.xsf = static_cast<const uint8_t*>(a.xsf);
   p.wsf = static_cast<const uint8_t*>(a.wsf);
   p.acc_tap = acc_tap;
+  p.trace = g_trace;
+  p.trace_ctas = g_trace_ctas;
   p.n = heads * kHeadDim;
   p.epi = epi::make_epilogue_params(a);
 
@@ -172,6 +191,11 @@ m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float*
 }
 
 m3qkv_status sm90_warmup(const DeviceInfo& dev) { return prepare_device(dev); }
+
+void sm90_set_trace(uint64_t* device_buffer, int ctas) {
+  g_trace = ctas > 0 ? device_buffer : nullptr;
+  g_trace_ctas = g_trace != nullptr ? ctas : 0;
+}
 
 int sm90_max_active_clusters(const DeviceInfo& dev, int variant, int epilogue, int split) {
   if (dev.device < 0 || dev.device >= kMaxDevices || (variant != 0 && variant != 1) || (epilogue != 0 && epilogue != 1) ||

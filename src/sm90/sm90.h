@@ -2,6 +2,8 @@
 // sm90_fused / sm90_warmup, for the benchmark and the GPU tests.
 #pragma once
 
+#include <stdint.h>
+
 #include "api/internal.h"
 
 namespace m3qkv {
@@ -49,5 +51,28 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 // with clusters of `split` CTAs on `dev`, as the automatic choice sees it
 // (0: unknown or not schedulable). For the timing test's report.
 int sm90_max_active_clusters(const DeviceInfo& dev, int variant, int epilogue, int split);
+
+// Test-only timeline (sm90_set_trace, Sm90Timing.DISABLED_Timeline_TP4): one
+// %globaltimer stamp per event and CTA, written by the thread that reaches the
+// event first in its role; first tile only for the "first" events, last tile
+// for the others. One predictable branch per event when tracing is off.
+enum TraceEvent : int {
+  kTrEntry = 0,         // kernel entry (thread 0)
+  kTrPdlWaitDone,       // after griddepcontrol.wait (thread 0)
+  kTrProducerStart,     // producer: about to issue its first loads
+  kTrXfFirstRaw,        // transform (its first thread): first raw stage landed
+  kTrXfDone,            // transform: last raw stage converted
+  kTrConsFirstBf,       // consumer (its first thread): first bf16 stage ready
+  kTrConsMainDone,      // consumer: last tile's wgmma chain complete
+  kTrConsReduced,       // consumer: split-K reduction done (leader: pulled; rank: released)
+  kTrConsEpiDone,       // consumer: last tile's epilogue done
+  kTrExit,              // thread 0 at the end (after the split-K exit barrier)
+  kTrRank,              // value, not a time: cluster rank
+  kTraceEvents = 16
+};
+// While set, every launch of a variant-A kernel writes one %globaltimer stamp
+// (ns) per TraceEvent for CTAs 0..ctas-1 into device_buffer[cta * kTraceEvents
+// + event]. Not thread-safe; null / 0 turns it off.
+void sm90_set_trace(uint64_t* device_buffer, int ctas);
 
 }  // namespace m3qkv

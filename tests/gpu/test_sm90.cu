@@ -17,6 +17,7 @@
 //    does not offer the backend).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -528,6 +529,82 @@ TEST(Sm90Timing, DISABLED_AvsB_TP4_M4096_K6144) {
   std::printf("[ gemm ] sm90 B vs A accumulators at M4096: |B-A|/|A| = %.3e\n", e.rel_fro);
   EXPECT_EQ(e.non_finite, 0);
   EXPECT_LE(e.rel_fro, 1e-3);
+}
+
+// Where one call's time goes (variant A, the default): per-CTA %globaltimer
+// stamps of sm90::TraceEvent (sm90.h), printed as percentiles over the CTAs
+// relative to the earliest kernel entry, for one call after an L2 flush
+// (cold weights, as in serving) and one warm call. A measurement, not a check.
+template <bool kHave = kBuiltSm90>
+void sm90_trace(uint64_t* buf, int ctas) {
+  if constexpr (kHave) m3qkv::sm90_set_trace(buf, ctas);
+}
+
+TEST(Sm90Timing, DISABLED_Timeline_TP4) {
+  M3QKV_REQUIRE_SM90();
+  print_seed_once();
+  constexpr int kCtas = 1024;
+  DeviceBuffer trace(size_t(kCtas) * m3qkv::kTraceEvents * sizeof(uint64_t));
+  CUDA_OK(trace.error());
+  DeviceBuffer flush(size_t(256) << 20);  // > 50 MiB L2
+  CUDA_OK(flush.error());
+  const char* names[] = {"entry", "pdl_wait_done", "producer_start", "xf_first_raw", "xf_done",
+                         "cons_first_bf", "cons_main_done", "cons_reduced", "cons_epi_done", "exit"};
+  for (int64_t m : {1, 64, 512, 4096}) {
+    const Problem p = make_problem(config(kTP4, m, 6144, /*exact=*/false, 128));
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    DeviceOutputs d;
+    CUDA_OK(d.init(p, 0));
+    m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
+    m3qkv::DeviceInfo dev;
+    M3QKV_OK(m3qkv::current_device_info(&dev));
+    Stream s;
+    CUDA_OK(s.error());
+    Event e0, e1;
+    CUDA_OK(e0.error());
+    CUDA_OK(e1.error());
+    for (int cold = 1; cold >= 0; --cold) {
+      for (int i = 0; i < 3; ++i)
+        M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), m3qkv::kSm90DefaultVariant, 0, m3qkv::kSm90DefaultEpilogue));
+      if (cold) CUDA_OK(cudaMemsetAsync(flush.get(), cold, flush.size(), s.get()));
+      CUDA_OK(cudaMemsetAsync(trace.get(), 0, trace.size(), s.get()));
+      sm90_trace(trace.as<uint64_t>(), kCtas);
+      CUDA_OK(cudaEventRecord(e0.get(), s.get()));
+      M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), m3qkv::kSm90DefaultVariant, 0, m3qkv::kSm90DefaultEpilogue));
+      CUDA_OK(cudaEventRecord(e1.get(), s.get()));
+      sm90_trace(nullptr, 0);
+      CUDA_OK(cudaEventSynchronize(e1.get()));
+      float ms = 0.f;
+      CUDA_OK(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
+      std::vector<uint64_t> t;
+      CUDA_OK(trace.download_as(&t));
+      int ctas = 0;
+      uint64_t t0 = ~0ull;
+      for (int c = 0; c < kCtas; ++c)
+        if (t[size_t(c) * m3qkv::kTraceEvents + m3qkv::kTrEntry] != 0) {
+          ++ctas;
+          t0 = std::min(t0, t[size_t(c) * m3qkv::kTraceEvents + m3qkv::kTrEntry]);
+        }
+      std::printf("[ trace ] TP4 M%lld K6144 %s L2: call %.1f us (events), %d CTAs traced\n",
+                  static_cast<long long>(m), cold ? "cold" : "warm", 1e3 * double(ms), ctas);
+      ASSERT_GT(ctas, 0);
+      for (int ev = 0; ev <= m3qkv::kTrExit; ++ev) {
+        std::vector<double> v;
+        for (int c = 0; c < kCtas; ++c) {
+          const uint64_t x = t[size_t(c) * m3qkv::kTraceEvents + ev];
+          if (t[size_t(c) * m3qkv::kTraceEvents + m3qkv::kTrEntry] != 0 && x != 0) v.push_back(1e-3 * double(x - t0));
+        }
+        if (v.empty()) {
+          std::printf("[ trace ]   %-15s (no CTA)\n", names[ev]);
+          continue;
+        }
+        std::sort(v.begin(), v.end());
+        std::printf("[ trace ]   %-15s n %4zu  min %8.2f  p50 %8.2f  p90 %8.2f  max %8.2f us\n", names[ev], v.size(),
+                    v.front(), v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+      }
+    }
+  }
 }
 
 // -------------------------------------------------------- through the API
