@@ -28,8 +28,11 @@ __device__ __forceinline__ float quad_lane(float v, int q) {
   return __shfl_sync(0xffffffffu, v, static_cast<int>((threadIdx.x & 28u) | static_cast<unsigned>(q)));
 }
 
+// `hmask`: the fragment halves h (bit h) of this warp whose rows this call
+// finalizes (split-K spread over the cluster: splitk_reduce_spread); the
+// others are neither computed nor stored. Warp-uniform.
 __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float (&acc)[64], const Tile& tl,
-                                                    int64_t row_base) {
+                                                    int64_t row_base, uint32_t hmask = 3u) {
   const epi::EpilogueParams& e = p.epi;
   const int t = threadIdx.x % kWarpgroup;
   const int l = t % 32;
@@ -41,7 +44,7 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int64_t row = row_base + r0 + 8 * h;
-      if (row < p.m) {
+      if (((hmask >> h) & 1u) && row < p.m) {
         float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(tl.head) * kBN + c0;
 #pragma unroll
         for (int j = 0; j < kBN / 8; ++j)
@@ -75,7 +78,7 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row_base + r0 + 8 * h;
-    valid[h] = row < p.m;  // the same for the 4 lanes of a quad
+    valid[h] = ((hmask >> h) & 1u) && row < p.m;  // the same for the 4 lanes of a quad
     const bool kv = hi.kind == HeadKind::K || hi.kind == HeadKind::V;
     slot_raw[h] = !valid[h] ? -1 : kv ? e.slot_mapping[row] : hi.kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
     pos_raw[h] = valid[h] && norm ? e.positions[row] : 0;
@@ -109,6 +112,7 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
+    if (!((hmask >> h) & 1u)) continue;  // warp-uniform: the quad shuffles stay whole-warp
     const int64_t row = row_base + r0 + 8 * h;
     float y[kBN / 4];  // y[2j + b] = column 8j + c0 + b
 #pragma unroll
@@ -185,6 +189,35 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
       }
     }
   }
+}
+
+// The end of one tile in a consumer warpgroup, for both kernels: split-K
+// reduction (spread over the cluster with the register epilogue, to the
+// leader with the staged one, whose staging buffer is the partial buffer),
+// then the epilogue of the rows this CTA finalizes. `part` / `part_s`: this
+// CTA's partial buffer (generic / shared::cta address); `red_phase` toggles per
+// tile. Returns whether this CTA ran an epilogue for the tile.
+template <bool kSplit, bool kRegEpi>
+__device__ __forceinline__ bool finish_tile(const KernelParams& p, float (&acc)[64], const Tile& tl, int64_t row_base,
+                                            float* stg, uint32_t named_bar, uint32_t rank, float* part,
+                                            uint32_t part_s, uint32_t red_full, uint32_t red_empty,
+                                            uint32_t* red_phase, bool first_tile) {
+  uint32_t hmask = 3u;
+  if constexpr (kSplit) {
+    bool leader = true;
+    if constexpr (kRegEpi)
+      hmask = splitk_reduce_spread(p, acc, rank, part, part_s, red_full, red_empty, *red_phase, first_tile);
+    else
+      leader = splitk_reduce(p, acc, rank, part, part_s, red_full, red_empty, *red_phase);
+    *red_phase ^= 1u;
+    if (threadIdx.x % kWarpgroup == 0) trace_event(p, kTrConsReduced);  // split: one consumer warpgroup
+    if (!leader) return false;
+  }
+  if constexpr (kRegEpi)
+    epilogue_block_regs(p, acc, tl, row_base, hmask);
+  else
+    epilogue_block(p, acc, tl, row_base, stg, named_bar);
+  return true;
 }
 
 }  // namespace m3qkv::sm90

@@ -177,7 +177,9 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
     }
     if (kSplit) {
       ptx::mbarrier_init(red_full, (p.split - 1) * kWarpgroup);
-      ptx::mbarrier_init(red_empty, kWarpgroup);
+      // Register epilogue: every other rank reads this CTA's partial (splitk_reduce_spread);
+      // staged epilogue: only the leader does (splitk_reduce).
+      ptx::mbarrier_init(red_empty, (kRegEpi ? p.split - 1 : 1) * kWarpgroup);
     }
     ptx::fence_mbarrier_init_release_cluster();
   }
@@ -298,18 +300,11 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
       if (l == 0) ptx::mbarrier_arrive(bf_empty0 + 8 * prev);
       if (cons_t0) trace_event(p, kTrConsMainDone);
       const int64_t row_base = static_cast<int64_t>(tl.mb) * kBM + kRowsPerWg * cw;
-      if constexpr (kSplit) {
-        const bool leader = splitk_reduce(p, acc, rank, reinterpret_cast<float*>(gbase + C::kStgOff),
-                                          base + C::kStgOff, red_full, red_empty, red_phase);
-        red_phase ^= 1u;
-        if (cons_t0) trace_event(p, kTrConsReduced);
-        if (!leader) continue;
-      }
-      if constexpr (kRegEpi)
-        epilogue_block_regs(p, acc, tl, row_base);
-      else
-        epilogue_block(p, acc, tl, row_base, stg, 1 + cw);
-      if (cons_t0) trace_event(p, kTrConsEpiDone);
+      if (finish_tile<kSplit, kRegEpi>(p, acc, tl, row_base, stg, 1 + cw, rank,
+                                       reinterpret_cast<float*>(gbase + C::kStgOff), base + C::kStgOff, red_full,
+                                       red_empty, &red_phase, ti == wk.first) &&
+          cons_t0)
+        trace_event(p, kTrConsEpiDone);
     }
   }
   splitk_exit_sync<kSplit>();

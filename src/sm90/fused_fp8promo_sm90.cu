@@ -89,7 +89,9 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi, kSplit>::kLaunchBo
     }
     if (kSplit) {
       ptx::mbarrier_init(red_full, (p.split - 1) * kWarpgroup);
-      ptx::mbarrier_init(red_empty, kWarpgroup);
+      // Register epilogue: every other rank reads this CTA's partial (splitk_reduce_spread);
+      // staged epilogue: only the leader does (splitk_reduce).
+      ptx::mbarrier_init(red_empty, (kRegEpi ? p.split - 1 : 1) * kWarpgroup);
     }
     ptx::fence_mbarrier_init_release_cluster();
   }
@@ -186,16 +188,8 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi, kSplit>::kLaunchBo
         st.advance();
       }
       const int64_t row_base = static_cast<int64_t>(tl.mb) * kBM + kRowsPerWg * cw;
-      if constexpr (kSplit) {
-        const bool leader = splitk_reduce(p, acc, rank, reinterpret_cast<float*>(gbase + C::kStgOff),
-                                          base + C::kStgOff, red_full, red_empty, red_phase);
-        red_phase ^= 1u;
-        if (!leader) continue;
-      }
-      if constexpr (kRegEpi)
-        epilogue_block_regs(p, acc, tl, row_base);
-      else
-        epilogue_block(p, acc, tl, row_base, stg, 1 + cw);
+      finish_tile<kSplit, kRegEpi>(p, acc, tl, row_base, stg, 1 + cw, rank, reinterpret_cast<float*>(gbase + C::kStgOff),
+                                   base + C::kStgOff, red_full, red_empty, &red_phase, ti == wk.first);
     }
   }
   splitk_exit_sync<kSplit>();

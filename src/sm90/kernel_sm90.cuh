@@ -177,8 +177,9 @@ __device__ __forceinline__ void fence_acc(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) wgmma::fence_operand(d[i]);
 }
 
-// Split-K reduction of one consumer warpgroup's 64 x 128 block over the
-// cluster (kSplit kernels, one consumer warpgroup). Every CTA holds the partial
+// Split-K reduction of one consumer warpgroup's 64 x 128 block to the leader
+// (kSplit kernels with the staged epilogue, one consumer warpgroup; the
+// register-epilogue instances use splitk_reduce_spread below). Every CTA holds the partial
 // sum of its K range in `acc`. Ranks 1.. store theirs in their own shared
 // buffer `part` ([64 registers][128 threads] f32: conflict-free) and arrive
 // (release.cluster, every thread) on the leader's `red_full`; the leader
@@ -211,6 +212,60 @@ __device__ __forceinline__ bool splitk_reduce(const KernelParams& p, float (&acc
   return true;
 }
 constexpr int kPartBytes = kRowsPerWg * kBN * 4;  // one warpgroup's partial block
+// Split-K reduction spread over the cluster (register epilogue instances).
+// The 64 x 128 block is 8 row groups g = 2w + h (warp w of the consumer
+// warpgroup, fragment half h: rows 16w + 8h .. +7); CTA rank g % split
+// finalizes group g: it adds the partials of ALL ranks for that group in the
+// fixed order rank 0, 1, ..., split-1 — the same expression ((p0 + p1) + p2)...
+// as splitk_reduce, so the sums are bit-identical — and runs the epilogue on
+// those rows. Every warp owns at most one half (split >= 2), so each thread
+// pulls and finalizes at most 32 values instead of the leader's 64 per rank,
+// and the epilogue runs on `split` CTAs instead of one (the H200 timeline:
+// 5.8 µs of serial pulls and 5-15 µs of single-warpgroup epilogue per tile at
+// split 5).
+// Protocol: each rank stores its partial in its own `part` (after red_empty
+// says every reader of the previous tile is done), arrives on every other
+// rank's red_full (count (split-1)·128), waits its own red_full, pulls, then
+// arrives on every other rank's red_empty (count (split-1)·128).
+// Returns the mask of this warp's halves (bit h) that this CTA finalizes.
+__device__ __forceinline__ uint32_t splitk_reduce_spread(const KernelParams& p, float (&acc)[64], uint32_t rank,
+                                                         float* part, uint32_t part_s, uint32_t red_full,
+                                                         uint32_t red_empty, uint32_t phase, bool first_tile) {
+  const int t = threadIdx.x % kWarpgroup;
+  const int w = t / 32;
+  const uint32_t split = static_cast<uint32_t>(p.split);
+  if (!first_tile) ptx::mbarrier_wait_cluster(red_empty, phase ^ 1u);  // previous tile's readers are done
+#pragma unroll
+  for (int i = 0; i < 64; ++i) part[i * kWarpgroup + t] = acc[i];
+  for (uint32_t r = 0; r < split; ++r)
+    if (r != rank) ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_full, r));
+  ptx::mbarrier_wait_cluster(red_full, phase);
+  uint32_t hmask = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if (static_cast<uint32_t>(2 * w + h) % split != rank) continue;  // warp-uniform
+    hmask |= 1u << h;
+    // Fragment registers of half h: 4j + 2h + b. The sum is built in place in
+    // acc; this rank's own partial is read back from its buffer like the
+    // others' (it is overwritten in the registers by then), which keeps the
+    // register count of the instance unchanged.
+    for (uint32_t r = 0; r < split; ++r) {
+      const uint32_t src = ptx::mapa_shared_cluster(part_s, r) + 4u * static_cast<uint32_t>(t);
+#pragma unroll
+      for (int j = 0; j < 16; ++j)
+#pragma unroll
+        for (int b = 0; b < 2; ++b) {
+          const int i = 4 * j + 2 * h + b;
+          const float x = ptx::ld_shared_cluster_f32(src + 4u * kWarpgroup * i);
+          acc[i] = r == 0 ? x : acc[i] + x;
+        }
+    }
+  }
+  for (uint32_t r = 0; r < split; ++r)
+    if (r != rank) ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_empty, r));
+  return hmask;
+}
+
 
 // Split-K exit: no CTA of the cluster leaves before every CTA is done with the
 // others' shared memory. The red_empty handshake already orders the leader's
