@@ -196,53 +196,25 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi, kSplit>::kLaunchBo
 #endif
 }
 
-template <int kCons, bool kRegEpi, bool kSplit>
-cudaError_t launch_one(const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p, int grid, bool pdl,
-                       cudaStream_t stream) {
-  using C = Fp8PromoCfg<kCons, kRegEpi, kSplit>;
-  const LaunchShape s{grid, C::kThreads, C::kSmemBytes, pdl, kSplit ? p.split : 1};
-  return launch_kernel(fused_fp8promo_kernel<kCons, kRegEpi, kSplit>, s, stream, tx, tw, p);
-}
-
-template <int kCons, bool kRegEpi, bool kSplit>
-cudaError_t set_smem() {
-  return cudaFuncSetAttribute(fused_fp8promo_kernel<kCons, kRegEpi, kSplit>,
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Fp8PromoCfg<kCons, kRegEpi, kSplit>::kSmemBytes);
-}
-
-template <bool kRegEpi>
-int max_clusters(int split) {
-  using C = Fp8PromoCfg<1, kRegEpi, true>;
-  return max_active_clusters(fused_fp8promo_kernel<1, kRegEpi, true>, C::kThreads, C::kSmemBytes, split);
-}
+// The host entry points, through the shared family helpers of kernel_sm90.cuh.
+struct Fp8PromoFamily {
+  template <int kCons, bool kRegEpi, bool kSplit>
+  using Cfg = Fp8PromoCfg<kCons, kRegEpi, kSplit>;
+  template <int kCons, bool kRegEpi, bool kSplit>
+  static auto kernel() {
+    return &fused_fp8promo_kernel<kCons, kRegEpi, kSplit>;
+  }
+};
 
 }  // namespace
 
 cudaError_t launch_fp8promo(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
-                            const KernelParams& p, int grid, bool pdl, cudaStream_t stream) {
-  if (p.split > 1)
-    return reg_epi ? launch_one<1, true, true>(tmap_x, tmap_w, p, grid, pdl, stream)
-                   : launch_one<1, false, true>(tmap_x, tmap_w, p, grid, pdl, stream);
-  if (reg_epi)
-    return cons == 1 ? launch_one<1, true, false>(tmap_x, tmap_w, p, grid, pdl, stream)
-                     : launch_one<2, true, false>(tmap_x, tmap_w, p, grid, pdl, stream);
-  return cons == 1 ? launch_one<1, false, false>(tmap_x, tmap_w, p, grid, pdl, stream)
-                   : launch_one<2, false, false>(tmap_x, tmap_w, p, grid, pdl, stream);
+                          const KernelParams& p, int grid, bool pdl, cudaStream_t stream) {
+  return family_launch<Fp8PromoFamily>(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, stream);
 }
 
-cudaError_t prepare_fp8promo() {
-  cudaError_t e = set_smem<1, false, false>();
-  if (e == cudaSuccess) e = set_smem<2, false, false>();
-  if (e == cudaSuccess) e = set_smem<1, true, false>();
-  if (e == cudaSuccess) e = set_smem<2, true, false>();
-  if (e == cudaSuccess) e = set_smem<1, false, true>();
-  if (e == cudaSuccess) e = set_smem<1, true, true>();
-  return e;
-}
+cudaError_t prepare_fp8promo() { return family_prepare<Fp8PromoFamily>(); }
 
-int max_clusters_fp8promo(bool reg_epi, int split) {
-  return reg_epi ? max_clusters<true>(split) : max_clusters<false>(split);
-}
+int max_clusters_fp8promo(bool reg_epi, int split) { return family_max_clusters<Fp8PromoFamily>(reg_epi, split); }
 
 }  // namespace m3qkv::sm90

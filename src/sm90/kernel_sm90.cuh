@@ -388,6 +388,54 @@ inline int max_active_clusters(void (*kernel)(KArgs...), int threads, int smem, 
   return n;
 }
 
+// The host side of one kernel family (A or B), written once. `Family`
+// provides `Cfg<kCons, kRegEpi, kSplit>` (threads, shared memory) and
+// `kernel<kCons, kRegEpi, kSplit>()` (the __global__ function). The instances
+// the launcher can pick: split-K (one consumer warpgroup) or not, times
+// consumer warpgroups 1 or 2, times the two epilogues.
+template <class Family, int kCons, bool kRegEpi, bool kSplit>
+cudaError_t family_launch_one(const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p, int grid, bool pdl,
+                              cudaStream_t stream) {
+  using C = typename Family::template Cfg<kCons, kRegEpi, kSplit>;
+  const LaunchShape s{grid, C::kThreads, C::kSmemBytes, pdl, kSplit ? p.split : 1};
+  return launch_kernel(Family::template kernel<kCons, kRegEpi, kSplit>(), s, stream, tx, tw, p);
+}
+template <class Family>
+cudaError_t family_launch(int cons, bool reg_epi, const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p,
+                          int grid, bool pdl, cudaStream_t stream) {
+  if (p.split > 1)
+    return reg_epi ? family_launch_one<Family, 1, true, true>(tx, tw, p, grid, pdl, stream)
+                   : family_launch_one<Family, 1, false, true>(tx, tw, p, grid, pdl, stream);
+  if (reg_epi)
+    return cons == 1 ? family_launch_one<Family, 1, true, false>(tx, tw, p, grid, pdl, stream)
+                     : family_launch_one<Family, 2, true, false>(tx, tw, p, grid, pdl, stream);
+  return cons == 1 ? family_launch_one<Family, 1, false, false>(tx, tw, p, grid, pdl, stream)
+                   : family_launch_one<Family, 2, false, false>(tx, tw, p, grid, pdl, stream);
+}
+template <class Family, int kCons, bool kRegEpi, bool kSplit>
+cudaError_t family_set_smem() {
+  return cudaFuncSetAttribute(Family::template kernel<kCons, kRegEpi, kSplit>(),
+                              cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              Family::template Cfg<kCons, kRegEpi, kSplit>::kSmemBytes);
+}
+template <class Family>
+cudaError_t family_prepare() {
+  cudaError_t e = family_set_smem<Family, 1, false, false>();
+  if (e == cudaSuccess) e = family_set_smem<Family, 2, false, false>();
+  if (e == cudaSuccess) e = family_set_smem<Family, 1, true, false>();
+  if (e == cudaSuccess) e = family_set_smem<Family, 2, true, false>();
+  if (e == cudaSuccess) e = family_set_smem<Family, 1, false, true>();
+  if (e == cudaSuccess) e = family_set_smem<Family, 1, true, true>();
+  return e;
+}
+template <class Family>
+int family_max_clusters(bool reg_epi, int split) {
+  using CR = typename Family::template Cfg<1, true, true>;
+  using CS = typename Family::template Cfg<1, false, true>;
+  return reg_epi ? max_active_clusters(Family::template kernel<1, true, true>(), CR::kThreads, CR::kSmemBytes, split)
+                 : max_active_clusters(Family::template kernel<1, false, true>(), CS::kThreads, CS::kSmemBytes, split);
+}
+
 // Host entry points of the kernel files (launch_sm90.cu calls them).
 // `cons` = consumer warpgroups (1: BM = 64, 2: BM = 128); `reg_epi` = the
 // register-resident epilogue (epilogue_regs_sm90.cuh) instead of the staged one.
