@@ -24,6 +24,7 @@
 
 #include "api/internal.h"
 #include "m3qkv/m3qkv.h"
+#include "valid_args.h"
 
 #ifndef DISPATCH_PREFIX
 #error "define DISPATCH_PREFIX before including api_dispatch_harness.h"
@@ -228,89 +229,28 @@ struct Under {
   static m3qkv_status query(int d, m3qkv::DeviceInfo* out) { return m3qkv::DISPATCH_CAT(DISPATCH_PREFIX, query_device)(d, out); }
 };
 
-// Fake but aligned pointers (never dereferenced: the launchers are recorders).
+// Fake but aligned pointers (never dereferenced: the launchers are recorders)
+// and valid TP4 argument structs: tests/cpu/valid_args.h. The dispatch tests
+// use them without PDL and without an error_flags word.
 template <class T = void>
 T* dptr(int slot) {
-  return reinterpret_cast<T*>((uintptr_t{1} << 44) + static_cast<uintptr_t>(slot) * 0x100000u);
+  return m3qkv_valid_args::fake<T>(slot);
 }
-
-// Valid TP4 arguments (nq 16, nkv 1, niq 1, nik 1, K 6144, block_size 16).
 template <class A>
-void fill_epilogue_fields(A& a) {
-  a.m = 7;
-  a.nq = 16;
-  a.nkv = 1;
-  a.niq = 1;
-  a.nik = 1;
-  a.positions = dptr<const int64_t>(10);
-  a.max_position = 4096;
-  a.cos_sin_cache = dptr(11);
-  a.q_norm_weight = dptr(12);
-  a.k_norm_weight = dptr(13);
-  a.index_q_norm_weight = dptr(14);
-  a.index_k_norm_weight = dptr(15);
-  a.eps = 1e-6f;
-  a.slot_mapping = dptr<const int64_t>(16);
-  a.index_slot_mapping = dptr<const int64_t>(17);
-  a.kv_cache = dptr(18);
-  a.kv_page_stride = 2 * 16 * 72;
-  a.num_blocks = 4;
-  a.index_cache = dptr(19);
-  a.index_page_stride = 16 * 72;
-  a.num_index_blocks = 2;
-  a.block_size = 16;
-  a.q_out = dptr(20);
-  a.q_fp8_out = dptr(21);
-  a.index_q_out = dptr(22);
-  a.q_fp8_scale = 1.0f;
-  a.k_scale = 1.0f;
-  a.v_scale = 1.0f;
-}
-inline m3qkv_fused_args good_fused() {
-  m3qkv_fused_args a;
-  std::memset(&a, 0, sizeof(a));
-  a.struct_size = sizeof(a);
-  fill_epilogue_fields(a);
-  a.k = 6144;
-  a.xq = dptr(1);
-  a.xsf = dptr(2);
-  a.wq = dptr(3);
-  a.wsf = dptr(4);
+A without_pdl(A a) {
+  a.use_pdl = 0;
   return a;
 }
-inline m3qkv_insert_args good_insert() {
-  m3qkv_insert_args a;
-  std::memset(&a, 0, sizeof(a));
-  a.struct_size = sizeof(a);
-  fill_epilogue_fields(a);
-  a.qkv = dptr(5);
+template <class A>
+A without_pdl_and_flags(A a) {
+  a.use_pdl = 0;
+  a.error_flags = nullptr;
   return a;
 }
-inline m3qkv_gemm_args good_gemm() {
-  m3qkv_gemm_args a;
-  std::memset(&a, 0, sizeof(a));
-  a.struct_size = sizeof(a);
-  a.m = 7;
-  a.n = 2560;
-  a.k = 6144;
-  a.xq = dptr(1);
-  a.xsf = dptr(2);
-  a.wq = dptr(3);
-  a.wsf = dptr(4);
-  a.out = dptr(6);
-  return a;
-}
-inline m3qkv_quantize_args good_quantize() {
-  m3qkv_quantize_args a;
-  std::memset(&a, 0, sizeof(a));
-  a.struct_size = sizeof(a);
-  a.m = 7;
-  a.k = 6144;
-  a.x = dptr(7);
-  a.xq = dptr(1);
-  a.xsf = dptr(2);
-  return a;
-}
+inline m3qkv_fused_args good_fused() { return without_pdl_and_flags(m3qkv_valid_args::valid_fused()); }
+inline m3qkv_insert_args good_insert() { return without_pdl_and_flags(m3qkv_valid_args::valid_insert()); }
+inline m3qkv_gemm_args good_gemm() { return without_pdl(m3qkv_valid_args::valid_gemm()); }
+inline m3qkv_quantize_args good_quantize() { return without_pdl(m3qkv_valid_args::valid_quantize()); }
 
 // Fake device ordinals (see FakeCuda::cc).
 enum FakeDevice { kCC75 = 0, kCC80 = 1, kCC86 = 2, kCC90 = 3, kCC100 = 4, kCC103 = 5, kCC120 = 6, kNumFake = 7 };
