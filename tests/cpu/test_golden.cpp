@@ -16,6 +16,7 @@
 #include "common/layouts.h"
 #include "common/numerics.h"
 #include "common/problem.h"
+#include "common/ref_e4m3.h"
 #include "common/test_util.h"
 #include "golden/golden.h"
 
@@ -38,28 +39,9 @@ float fbits(uint32_t u) {
 double bf16v(uint16_t h) { return double(fbits(uint32_t(h) << 16)); }
 
 // --- first-principles e4m3 (independent of numerics.h) ---
-double ref_e4m3_value(int code) {
-  const int s = code >> 7, e = (code >> 3) & 15, m = code & 7;
-  if (e == 15 && m == 7) return std::nan("");
-  const double mag = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
-  return s ? -mag : mag;
-}
-uint8_t ref_e4m3_encode(double x) {
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
-  if (std::isnan(x)) return 0x7f;  // sign dropped (cuda_fp8.hpp canonical NaN)
-  const double a = std::fabs(x);
-  if (a >= 448.0) return sign | 0x7e;
-  int best = 0;
-  double bd = a;
-  for (int c = 1; c <= 0x7e; ++c) {
-    const double d = std::fabs(a - ref_e4m3_value(c));
-    if (d < bd || (d == bd && (c & 1) == 0)) {
-      best = c;
-      bd = d;
-    }
-  }
-  return uint8_t(sign | best);
-}
+// First-principles reference: tests/common/ref_e4m3.h.
+using m3qkv_test::ref_e4m3_encode;
+using m3qkv_test::ref_e4m3_value;
 // SPEC §4 F8_128x4, typed again here from the SPEC text.
 int64_t ref_sf_offset(int64_t r, int64_t c, int64_t cols) {
   const int64_t kt = (cols + 3) / 4;
