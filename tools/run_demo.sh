@@ -10,18 +10,7 @@
 # Env: M3QKV_CUDA_ARCHS (default "80;90a;100f"), M3QKV_BUILD_DIR (default build),
 #      M3QKV_JOBS (default nproc).
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
-BUILD=${M3QKV_BUILD_DIR:-build}
-ARCHS=${M3QKV_CUDA_ARCHS:-80;90a;100f}
-JOBS=${M3QKV_JOBS:-$(nproc)}
-
-mkdir -p "$BUILD"
-cmake -S . -B "$BUILD" -DM3QKV_CUDA_ARCHS="$ARCHS" >"$BUILD/m3qkv_configure.log" 2>&1 || {
-  cat "$BUILD/m3qkv_configure.log"
-  echo "run_demo: cmake configure failed" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/configure_build.sh" run_demo
 cmake --build "$BUILD" -j "$JOBS" --target m3qkv_demo
 args=()
 if (($# > 0)) && [[ "$1" != -* ]]; then

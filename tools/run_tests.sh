@@ -8,20 +8,7 @@
 # Exit status: ctest's (configure or build failures exit non-zero before it).
 # GPU tests skip themselves with a message when no GPU is present.
 set -euo pipefail
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$ROOT"
-BUILD=${M3QKV_BUILD_DIR:-build}
-ARCHS=${M3QKV_CUDA_ARCHS:-80;90a;100f}
-JOBS=${M3QKV_JOBS:-$(nproc)}
-
-# Re-running configure on an existing build directory is quick and keeps the
-# arch list in sync with M3QKV_CUDA_ARCHS; the build is incremental.
-mkdir -p "$BUILD"
-cmake -S . -B "$BUILD" -DM3QKV_CUDA_ARCHS="$ARCHS" >"$BUILD/m3qkv_configure.log" 2>&1 || {
-  cat "$BUILD/m3qkv_configure.log"
-  echo "run_tests: cmake configure failed" >&2
-  exit 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/configure_build.sh" run_tests
 echo "run_tests: configured $BUILD (M3QKV_CUDA_ARCHS=$ARCHS)"
 cmake --build "$BUILD" -j "$JOBS"
 set +e

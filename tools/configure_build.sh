@@ -1,0 +1,19 @@
+# Sourced by tools/run_demo.sh and tools/run_tests.sh: the shared set-up of the
+# two README commands. Sets ROOT (and cd's there), BUILD, ARCHS, JOBS from
+#   M3QKV_BUILD_DIR (default build), M3QKV_CUDA_ARCHS (default "80;90a;100f"),
+#   M3QKV_JOBS (default nproc)
+# and configures $BUILD. Re-running configure on an existing build directory
+# is quick and keeps the arch list in sync with M3QKV_CUDA_ARCHS; the build is
+# incremental. On a configure failure it prints the log and exits 1, naming
+# the caller ($1).
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$ROOT"
+BUILD=${M3QKV_BUILD_DIR:-build}
+ARCHS=${M3QKV_CUDA_ARCHS:-80;90a;100f}
+JOBS=${M3QKV_JOBS:-$(nproc)}
+mkdir -p "$BUILD"
+cmake -S . -B "$BUILD" -DM3QKV_CUDA_ARCHS="$ARCHS" >"$BUILD/m3qkv_configure.log" 2>&1 || {
+  cat "$BUILD/m3qkv_configure.log"
+  echo "$1: cmake configure failed" >&2
+  exit 1
+}
