@@ -8,10 +8,14 @@
 #include <cuda_runtime_api.h>
 
 #include <exception>
-#include <map>
-#include <mutex>
 
 #include "api/internal.h"
+#include "host/device.h"
+#include "host/status.h"
+#include "host/validate.h"
+#include "portable/portable.h"
+#include "sm100/sm100.h"
+#include "sm90/sm90.h"
 
 // Build switches (set by CMake for the library target). Defaults keep this
 // file compilable on its own: a backend counts as present only when enabled.
@@ -46,41 +50,6 @@ constexpr bool kHavePortable = M3QKV_WITH_PORTABLE;
 constexpr bool kHaveSm90 = M3QKV_SM90_BACKEND;
 constexpr bool kHaveSm100 = M3QKV_WITH_SM100;
 
-// ---------------------------------------------------------------------------
-// CUDA error mapping
-// ---------------------------------------------------------------------------
-
-// Errors that mean "this process has no usable CUDA device at all" (no GPU,
-// no driver, or only the toolkit's stub libcuda): an unsupported device, not
-// a failed CUDA call.
-bool is_no_device_error(cudaError_t err) {
-  return err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver || err == cudaErrorStubLibrary;
-}
-
-m3qkv_status cuda_fail(const char* fn, const char* call, cudaError_t err) {
-  // The error is ours and has been reported through the status: do not leave
-  // it for the caller's next cudaGetLastError (sticky errors stay regardless).
-  (void)cudaGetLastError();
-  if (is_no_device_error(err)) {
-    return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE, "%s: no CUDA device is available (%s: %s)", fn, call,
-                cudaGetErrorString(err));
-  }
-  return fail(M3QKV_ERROR_CUDA_ERROR, "%s: %s failed: %s (%s)", fn, call, cudaGetErrorName(err),
-              cudaGetErrorString(err));
-}
-
-#define M3QKV_CUDA_TRY(fn, call)                                      \
-  do {                                                                \
-    const cudaError_t m3qkv_err_ = (call);                            \
-    if (m3qkv_err_ != cudaSuccess) return cuda_fail(fn, #call, m3qkv_err_); \
-  } while (0)
-
-#define M3QKV_TRY(expr)                                \
-  do {                                                 \
-    const m3qkv_status m3qkv_st_ = (expr);             \
-    if (m3qkv_st_ != M3QKV_SUCCESS) return m3qkv_st_;  \
-  } while (0)
-
 // Runs an entry point body; anything thrown (std::bad_alloc from the device
 // cache, a bug) becomes M3QKV_ERROR_INTERNAL instead of crossing the C boundary.
 template <class F>
@@ -93,62 +62,6 @@ m3qkv_status guarded(const char* fn, F&& body) noexcept {
   } catch (...) {
     return fail(M3QKV_ERROR_INTERNAL, "%s: internal error: unknown exception", fn);
   }
-}
-
-// ---------------------------------------------------------------------------
-// Device facts, cached per device ordinal (they cannot change while the
-// process runs). The mutex guards only the map; the CUDA queries run outside
-// it, so two threads may both query a new device once and store equal values.
-// ---------------------------------------------------------------------------
-
-std::mutex& cache_mutex() {
-  static std::mutex mu;
-  return mu;
-}
-std::map<int, DeviceInfo>& cache() {
-  static std::map<int, DeviceInfo> m;
-  return m;
-}
-
-m3qkv_status query_device_in(const char* fn, int device, DeviceInfo* out) {
-  if (device < 0) {
-    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: device = %d is not a valid CUDA device ordinal", fn, device);
-  }
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex());
-    const auto it = cache().find(device);
-    if (it != cache().end()) {
-      *out = it->second;
-      return M3QKV_SUCCESS;
-    }
-  }
-  int count = 0;
-  M3QKV_CUDA_TRY(fn, cudaGetDeviceCount(&count));
-  if (count <= 0) return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE, "%s: no CUDA device is available", fn);
-  if (device >= count) {
-    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: device = %d is not a valid CUDA device (this process sees %d)", fn,
-                device, count);
-  }
-  DeviceInfo d;
-  d.device = device;
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device));
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, device));
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, device));
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  {
-    std::lock_guard<std::mutex> lock(cache_mutex());
-    cache()[device] = d;
-  }
-  *out = d;
-  return M3QKV_SUCCESS;
-}
-
-// The device the caller's stream belongs to is the current device.
-m3qkv_status current_device_in(const char* fn, DeviceInfo* out) {
-  int device = -1;
-  M3QKV_CUDA_TRY(fn, cudaGetDevice(&device));
-  return query_device_in(fn, device, out);
 }
 
 // ---------------------------------------------------------------------------
@@ -252,7 +165,7 @@ m3qkv_status run_portable(const char* fn, const A* args, cudaStream_t stream,
     M3QKV_TRY(validate(args, &noop));
     if (noop) return M3QKV_SUCCESS;
     DeviceInfo d;
-    M3QKV_TRY(current_device_in(fn, &d));
+    M3QKV_TRY(current_device_info(&d, fn));
     if (!kHavePortable || !portable_runs_on(d)) return no_portable(fn, d);
     return launch(*args, d, stream);
   });
@@ -273,9 +186,6 @@ class DeviceGuard {
 };
 
 }  // namespace
-
-m3qkv_status query_device(int device, DeviceInfo* out) { return query_device_in("m3qkv", device, out); }
-m3qkv_status current_device_info(DeviceInfo* out) { return current_device_in("m3qkv", out); }
 
 }  // namespace m3qkv
 
@@ -300,7 +210,7 @@ m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_ta
     }
     if (noop) return M3QKV_SUCCESS;
     DeviceInfo d;
-    M3QKV_TRY(current_device_in(fn, &d));
+    M3QKV_TRY(current_device_info(&d, fn));
     m3qkv_backend_kind b = M3QKV_BACKEND_NONE;
     M3QKV_TRY(choose_fused(fn, d, force_backend, &b));
     return launch_fused(b, *args, d, acc_tap, stream);
@@ -357,7 +267,7 @@ m3qkv_status m3qkv_backend(int device, m3qkv_backend_kind* out) {
     if (out == nullptr) return fail(M3QKV_ERROR_NULL_POINTER, "%s: out = NULL, but it is required", fn);
     *out = M3QKV_BACKEND_NONE;
     DeviceInfo d;
-    M3QKV_TRY(query_device_in(fn, device, &d));
+    M3QKV_TRY(query_device(device, &d, fn));
     *out = fused_backend_for(d);
     return M3QKV_SUCCESS;
   });
@@ -370,7 +280,7 @@ m3qkv_status m3qkv_warmup(int device) {
   const char* fn = "m3qkv_warmup";
   return guarded(fn, [&]() -> m3qkv_status {
     DeviceInfo d;
-    M3QKV_TRY(query_device_in(fn, device, &d));
+    M3QKV_TRY(query_device(device, &d, fn));
     const m3qkv_backend_kind fused = fused_backend_for(d);
     if (fused == M3QKV_BACKEND_NONE) return no_portable(fn, d);
     int previous = -1;

@@ -1,36 +1,6 @@
-// Status and backend names, and the thread-local last-error message.
-#include <cstdarg>
-#include <cstdio>
-
-#include "api/internal.h"
-
-namespace {
-
-// One message per thread (SPEC §6). 1 KiB holds the longest message we format
-// (function + argument name + a few 64-bit values) with room to spare;
-// vsnprintf truncates rather than overflows if a message ever gets longer.
-constexpr int kMessageBytes = 1024;
-thread_local char t_last_error[kMessageBytes] = {0};
-
-}  // namespace
-
-namespace m3qkv {
-
-m3qkv_status fail(m3qkv_status st, const char* fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  const int n = std::vsnprintf(t_last_error, sizeof(t_last_error), fmt, ap);
-  va_end(ap);
-  if (n < 0) {
-    // Encoding error in the format: keep a message rather than garbage.
-    std::snprintf(t_last_error, sizeof(t_last_error), "m3qkv: %s", m3qkv_status_string(st));
-  }
-  return st;
-}
-
-void clear_error() { t_last_error[0] = '\0'; }
-
-}  // namespace m3qkv
+// Status and backend names, and the thread-local last-error message (the C
+// side of host/status.h).
+#include "host/status.h"
 
 extern "C" {
 
@@ -60,6 +30,6 @@ const char* m3qkv_backend_name(m3qkv_backend_kind kind) {
   return "unknown";
 }
 
-const char* m3qkv_last_error(void) { return t_last_error; }
+const char* m3qkv_last_error(void) { return m3qkv::last_error_message(); }
 
 }  // extern "C"

@@ -136,9 +136,10 @@ struct TensorMaps {
 // Implemented in fused_sm100.cu (the kernel's translation unit).
 template <int CG>
 cudaError_t set_kernel_attributes();
+// cudaOccupancyMaxActiveClusters with clusters of CG CTAs (-1 when the query fails).
 template <int CG>
-cudaError_t max_active_clusters(int* out);
+int max_active_clusters();
 template <int CG>
-cudaError_t launch_kernel(const TensorMaps& tm, const Params& p, unsigned grid, bool use_pdl, cudaStream_t s);
+m3qkv_status launch_kernel(const TensorMaps& tm, const Params& p, unsigned grid, bool use_pdl, cudaStream_t s);
 
 }  // namespace m3qkv::sm100

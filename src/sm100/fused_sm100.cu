@@ -23,6 +23,7 @@
 #include <cstdint>
 
 #include "common/epilogue.cuh"
+#include "host/launch.h"
 #include "ptx/cluster.cuh"
 #include "ptx/elect.cuh"
 #include "ptx/fence.cuh"
@@ -414,50 +415,27 @@ cudaError_t set_kernel_attributes() {
 }
 
 template <int CG>
-cudaError_t max_active_clusters(int* out) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(CG, 1, 1);
-  cfg.blockDim = dim3(Config<CG>::kNumThreads, 1, 1);
-  cfg.dynamicSmemBytes = Config<CG>::kSmemBytes;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = CG;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  return cudaOccupancyMaxActiveClusters(out, m3qkv_sm100_fused_kernel<CG>, &cfg);
+int max_active_clusters() {
+  return host::max_active_clusters(m3qkv_sm100_fused_kernel<CG>, Config<CG>::kNumThreads, Config<CG>::kSmemBytes, CG);
 }
 
 template <int CG>
-cudaError_t launch_kernel(const TensorMaps& tm, const Params& p, unsigned grid, bool use_pdl, cudaStream_t s) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(grid, 1, 1);
-  cfg.blockDim = dim3(Config<CG>::kNumThreads, 1, 1);
-  cfg.dynamicSmemBytes = Config<CG>::kSmemBytes;
-  cfg.stream = s;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  attr[n].id = cudaLaunchAttributeClusterDimension;
-  attr[n].val.clusterDim.x = CG;
-  attr[n].val.clusterDim.y = 1;
-  attr[n].val.clusterDim.z = 1;
-  ++n;
-  if (use_pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return cudaLaunchKernelEx(&cfg, m3qkv_sm100_fused_kernel<CG>, tm.a, tm.b, tm.sfa, tm.sfb, p);
+m3qkv_status launch_kernel(const TensorMaps& tm, const Params& p, unsigned grid, bool use_pdl, cudaStream_t s) {
+  host::LaunchShape shape;
+  shape.grid = grid;
+  shape.threads = Config<CG>::kNumThreads;
+  shape.smem = Config<CG>::kSmemBytes;
+  shape.pdl = use_pdl;
+  shape.cluster = CG;  // the attribute even at CG 1, as the kernel has always been launched
+  return host::launch("m3qkv_fused_qkv", "m3qkv_sm100_fused_kernel", m3qkv_sm100_fused_kernel<CG>, shape, s, tm.a,
+                      tm.b, tm.sfa, tm.sfb, p);
 }
 
 template cudaError_t set_kernel_attributes<1>();
 template cudaError_t set_kernel_attributes<2>();
-template cudaError_t max_active_clusters<1>(int*);
-template cudaError_t max_active_clusters<2>(int*);
-template cudaError_t launch_kernel<1>(const TensorMaps&, const Params&, unsigned, bool, cudaStream_t);
-template cudaError_t launch_kernel<2>(const TensorMaps&, const Params&, unsigned, bool, cudaStream_t);
+template int max_active_clusters<1>();
+template int max_active_clusters<2>();
+template m3qkv_status launch_kernel<1>(const TensorMaps&, const Params&, unsigned, bool, cudaStream_t);
+template m3qkv_status launch_kernel<2>(const TensorMaps&, const Params&, unsigned, bool, cudaStream_t);
 
 }  // namespace m3qkv::sm100

@@ -1,51 +1,40 @@
 // Host launcher of the SM100 fused kernel (fused_sm100.cu): tensor maps,
 // cta_group choice, persistent grid, grouped-M width, cluster + PDL launch.
 // Arguments arrive validated with m > 0 (api.cpp).
-#include <atomic>
 #include <climits>
 #include <cstdint>
 
-#include "api/internal.h"
 #include "common/epilogue.cuh"
 #include "common/layouts.h"
-#include "common/tensor_map.h"
+#include "host/once.h"
+#include "host/tensor_map.h"
 #include "sm100/config.h"
+#include "sm100/sm100.h"
 
 namespace m3qkv {
 namespace {
 
 using sm100::Config;
 
-#define M3QKV_SM100_TRY(expr)                                     \
-  do {                                                            \
-    const m3qkv_status m3qkv_sm100_st_ = (expr);                  \
-    if (m3qkv_sm100_st_ != M3QKV_SUCCESS) return m3qkv_sm100_st_; \
-  } while (0)
+constexpr const char* kFn = "m3qkv_fused_qkv";
 
-constexpr int kMaxDevices = 64;
-std::atomic<bool> g_attributes_set[kMaxDevices];
+// Nothing to keep: the slot records that the attributes are set.
+struct Sm100Setup {};
 
-m3qkv_status cuda_fail(const char* what, cudaError_t e) {
-  (void)cudaGetLastError();
-  return fail(M3QKV_ERROR_CUDA_ERROR, "%s: %s (%s)", what, cudaGetErrorName(e), cudaGetErrorString(e));
-}
-
-// Shared-memory attributes of both tile configurations (once per device).
+// Shared-memory attributes of both tile configurations (once per context).
 m3qkv_status ensure_attributes(const DeviceInfo& dev) {
   constexpr int kNeed =
       static_cast<int>(Config<1>::kSmemBytes > Config<2>::kSmemBytes ? Config<1>::kSmemBytes : Config<2>::kSmemBytes);
   if (dev.max_smem_optin < kNeed)
     return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE,
-                "SM100 kernel needs %d bytes of shared memory per block, device %d allows %d", kNeed, dev.device,
-                dev.max_smem_optin);
-  const bool cacheable = dev.device >= 0 && dev.device < kMaxDevices;
-  if (cacheable && g_attributes_set[dev.device].load(std::memory_order_acquire)) return M3QKV_SUCCESS;
-  cudaError_t e = sm100::set_kernel_attributes<1>();
-  if (e != cudaSuccess) return cuda_fail("cudaFuncSetAttribute(m3qkv_sm100_fused_kernel<1>)", e);
-  e = sm100::set_kernel_attributes<2>();
-  if (e != cudaSuccess) return cuda_fail("cudaFuncSetAttribute(m3qkv_sm100_fused_kernel<2>)", e);
-  if (cacheable) g_attributes_set[dev.device].store(true, std::memory_order_release);
-  return M3QKV_SUCCESS;
+                "%s: SM100 kernel needs %d bytes of shared memory per block, device %d allows %d", kFn, kNeed,
+                dev.device, dev.max_smem_optin);
+  const Sm100Setup* setup = nullptr;
+  return host::once(kFn, dev, host::OnceSlot::kSm100, [](Sm100Setup*) -> m3qkv_status {
+    M3QKV_CUDA_TRY(kFn, sm100::set_kernel_attributes<1>());
+    M3QKV_CUDA_TRY(kFn, sm100::set_kernel_attributes<2>());
+    return M3QKV_SUCCESS;
+  }, &setup);
 }
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -88,16 +77,16 @@ m3qkv_status launch(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc
   // Kernel coordinates are int32: rows of A (incl. the pair's padding), SF
   // rows of 256 B, tile indices.
   if (num_m_tiles * C::kRowsPerTile > INT32_MAX || sfa_bytes / 256 > INT32_MAX || num_tiles > INT32_MAX)
-    return fail(M3QKV_ERROR_TOO_LARGE, "m = %lld, k = %lld exceed the SM100 kernel's 32-bit tile coordinates",
+    return fail(M3QKV_ERROR_TOO_LARGE, "%s: m = %lld, k = %lld exceed the SM100 kernel's 32-bit tile coordinates", kFn,
                 static_cast<long long>(a.m), static_cast<long long>(a.k));
 
   sm100::TensorMaps tm;
-  M3QKV_SM100_TRY(make_tensor_map_2d_u8(&tm.a, "xq", a.xq, a.k, a.m, a.k, 128, 128, CU_TENSOR_MAP_SWIZZLE_128B));
-  M3QKV_SM100_TRY(make_tensor_map_2d_u8(&tm.b, "wq", a.wq, a.k, n, a.k, 128, 128, CU_TENSOR_MAP_SWIZZLE_128B));
-  M3QKV_SM100_TRY(
-      make_tensor_map_2d_u8(&tm.sfa, "xsf", a.xsf, 256, sfa_bytes / 256, 256, 256, 2, CU_TENSOR_MAP_SWIZZLE_NONE));
-  M3QKV_SM100_TRY(
-      make_tensor_map_2d_u8(&tm.sfb, "wsf", a.wsf, 256, sfb_bytes / 256, 256, 256, 2, CU_TENSOR_MAP_SWIZZLE_NONE));
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tm.a, "xq", a.xq, a.k, a.m, a.k, 128, 128, CU_TENSOR_MAP_SWIZZLE_128B));
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tm.b, "wq", a.wq, a.k, n, a.k, 128, 128, CU_TENSOR_MAP_SWIZZLE_128B));
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tm.sfa, "xsf", a.xsf, 256, sfa_bytes / 256, 256, 256, 2,
+                                        CU_TENSOR_MAP_SWIZZLE_NONE));
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tm.sfb, "wsf", a.wsf, 256, sfb_bytes / 256, 256, 256, 2,
+                                        CU_TENSOR_MAP_SWIZZLE_NONE));
 
   sm100::Params p;
   p.ep = epi::make_epilogue_params(a);
@@ -117,24 +106,21 @@ m3qkv_status launch(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc
   if (a.grid > 0) {
     clusters = a.grid / CG > 0 ? a.grid / CG : 1;
   } else {
-    int resident = 0;
-    const cudaError_t e = sm100::max_active_clusters<CG>(&resident);
-    if (e != cudaSuccess) return cuda_fail("cudaOccupancyMaxActiveClusters(m3qkv_sm100_fused_kernel)", e);
+    // A failed query (-1) falls back to one cluster per CG SMs, like 0.
+    const int resident = sm100::max_active_clusters<CG>();
     clusters = resident > 0 ? resident : dev.num_sms / CG;
     if (clusters < 1) clusters = 1;
   }
   if (clusters > num_tiles) clusters = num_tiles;
   const unsigned grid = static_cast<unsigned>(clusters * CG);
 
-  const cudaError_t e = sm100::launch_kernel<CG>(tm, p, grid, a.use_pdl != 0, s);
-  if (e != cudaSuccess) return cuda_fail("cudaLaunchKernelEx(m3qkv_sm100_fused_kernel)", e);
-  return M3QKV_SUCCESS;
+  return sm100::launch_kernel<CG>(tm, p, grid, a.use_pdl != 0, s);
 }
 
 }  // namespace
 
 m3qkv_status sm100_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
-  M3QKV_SM100_TRY(ensure_attributes(dev));
+  M3QKV_TRY(ensure_attributes(dev));
   const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
   const int cg = a.cta_group == 1 || a.cta_group == 2 ? a.cta_group : choose_cta_group(a.m, heads, dev.num_sms);
   return cg == 2 ? launch<2>(a, dev, acc_tap, s) : launch<1>(a, dev, acc_tap, s);

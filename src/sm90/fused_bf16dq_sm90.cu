@@ -314,6 +314,7 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
 
 // The host entry points, through the shared family helpers of kernel_sm90.cuh.
 struct Bf16DqFamily {
+  static constexpr const char* kName = "fused_bf16dq_kernel";
   template <int kCons, bool kRegEpi, bool kSplit>
   using Cfg = Bf16DqCfg<kCons, kRegEpi, kSplit>;
   template <int kCons, bool kRegEpi, bool kSplit>
@@ -324,8 +325,8 @@ struct Bf16DqFamily {
 
 }  // namespace
 
-cudaError_t launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
-                          const KernelParams& p, int grid, bool pdl, cudaStream_t stream) {
+m3qkv_status launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
+                           const KernelParams& p, int grid, bool pdl, cudaStream_t stream) {
   return family_launch<Bf16DqFamily>(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, stream);
 }
 

@@ -198,6 +198,7 @@ __global__ void __launch_bounds__(Fp8PromoCfg<kCons, kRegEpi, kSplit>::kLaunchBo
 
 // The host entry points, through the shared family helpers of kernel_sm90.cuh.
 struct Fp8PromoFamily {
+  static constexpr const char* kName = "fused_fp8promo_kernel";
   template <int kCons, bool kRegEpi, bool kSplit>
   using Cfg = Fp8PromoCfg<kCons, kRegEpi, kSplit>;
   template <int kCons, bool kRegEpi, bool kSplit>
@@ -208,8 +209,8 @@ struct Fp8PromoFamily {
 
 }  // namespace
 
-cudaError_t launch_fp8promo(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
-                          const KernelParams& p, int grid, bool pdl, cudaStream_t stream) {
+m3qkv_status launch_fp8promo(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
+                             const KernelParams& p, int grid, bool pdl, cudaStream_t stream) {
   return family_launch<Fp8PromoFamily>(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, stream);
 }
 

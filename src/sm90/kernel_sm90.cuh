@@ -18,6 +18,7 @@
 #include "common/epilogue.cuh"
 #include "common/layouts.h"
 #include "common/numerics.h"
+#include "host/launch.h"
 #include "ptx/cluster.cuh"
 #include "ptx/elect.cuh"
 #include "ptx/fence.cuh"
@@ -330,79 +331,28 @@ __device__ __forceinline__ void epilogue_block(const KernelParams& p, float (&ac
   ptx::bar_sync(named_bar, kWarpgroup);
 }
 
-// Host helpers (both kernel files launch through these).
-struct LaunchShape {
-  int grid;
-  int threads;
-  int smem;
-  bool pdl;
-  int cluster = 1;  // 1-D cluster size (split-K); 1 = no cluster
-};
-
-// The launch configuration of shape `s`: PDL and 1-D cluster attributes in
-// `attr` (storage owned by the caller).
-inline cudaLaunchConfig_t launch_config(const LaunchShape& s, cudaStream_t stream, cudaLaunchAttribute (&attr)[2]) {
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = dim3(static_cast<unsigned>(s.grid));
-  cfg.blockDim = dim3(static_cast<unsigned>(s.threads));
-  cfg.dynamicSmemBytes = static_cast<size_t>(s.smem);
-  cfg.stream = stream;
-  unsigned n = 0;
-  if (s.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    ++n;
-  }
-  if (s.cluster > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = static_cast<unsigned>(s.cluster);
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    ++n;
-  }
-  cfg.attrs = attr;
-  cfg.numAttrs = n;
-  return cfg;
-}
-
-template <class... KArgs, class... Args>
-inline cudaError_t launch_kernel(void (*kernel)(KArgs...), const LaunchShape& s, cudaStream_t stream, Args&&... args) {
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = launch_config(s, stream, attr);
-  return cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...);
-}
-
-// cudaOccupancyMaxActiveClusters of `kernel` in clusters of `split` CTAs (-1 on error).
-template <class... KArgs>
-inline int max_active_clusters(void (*kernel)(KArgs...), int threads, int smem, int split) {
-  cudaLaunchAttribute attr[2];
-  const cudaLaunchConfig_t cfg = launch_config(LaunchShape{split, threads, smem, false, split}, nullptr, attr);
-  int n = 0;
-  if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
-    // Our own failure is now the thread's last error (one slot: any earlier
-    // error was already replaced by it); clear it so that it does not surface
-    // in the caller's next cudaGetLastError.
-    (void)cudaGetLastError();
-    return -1;
-  }
-  return n;
-}
-
-// The host side of one kernel family (A or B), written once. `Family`
-// provides `Cfg<kCons, kRegEpi, kSplit>` (threads, shared memory) and
-// `kernel<kCons, kRegEpi, kSplit>()` (the __global__ function). The instances
-// the launcher can pick: split-K (one consumer warpgroup) or not, times
+// The host side of one kernel family (A or B), written once (the launch
+// configuration itself is host/launch.h). `Family` provides
+// `Cfg<kCons, kRegEpi, kSplit>` (threads, shared memory),
+// `kernel<kCons, kRegEpi, kSplit>()` (the __global__ function) and kName
+// (for messages). The instances the launcher can pick: split-K (one consumer warpgroup) or not, times
 // consumer warpgroups 1 or 2, times the two epilogues.
 template <class Family, int kCons, bool kRegEpi, bool kSplit>
-cudaError_t family_launch_one(const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p, int grid, bool pdl,
-                              cudaStream_t stream) {
+m3qkv_status family_launch_one(const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p, int grid, bool pdl,
+                               cudaStream_t stream) {
   using C = typename Family::template Cfg<kCons, kRegEpi, kSplit>;
-  const LaunchShape s{grid, C::kThreads, C::kSmemBytes, pdl, kSplit ? p.split : 1};
-  return launch_kernel(Family::template kernel<kCons, kRegEpi, kSplit>(), s, stream, tx, tw, p);
+  host::LaunchShape s;
+  s.grid = static_cast<unsigned>(grid);
+  s.threads = C::kThreads;
+  s.smem = C::kSmemBytes;
+  s.pdl = pdl;
+  s.cluster = kSplit ? static_cast<unsigned>(p.split) : 0u;
+  return host::launch("m3qkv_fused_qkv", Family::kName, Family::template kernel<kCons, kRegEpi, kSplit>(), s, stream,
+                      tx, tw, p);
 }
 template <class Family>
-cudaError_t family_launch(int cons, bool reg_epi, const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p,
-                          int grid, bool pdl, cudaStream_t stream) {
+m3qkv_status family_launch(int cons, bool reg_epi, const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p,
+                           int grid, bool pdl, cudaStream_t stream) {
   if (p.split > 1)
     return reg_epi ? family_launch_one<Family, 1, true, true>(tx, tw, p, grid, pdl, stream)
                    : family_launch_one<Family, 1, false, true>(tx, tw, p, grid, pdl, stream);
@@ -432,19 +382,20 @@ template <class Family>
 int family_max_clusters(bool reg_epi, int split) {
   using CR = typename Family::template Cfg<1, true, true>;
   using CS = typename Family::template Cfg<1, false, true>;
-  return reg_epi ? max_active_clusters(Family::template kernel<1, true, true>(), CR::kThreads, CR::kSmemBytes, split)
-                 : max_active_clusters(Family::template kernel<1, false, true>(), CS::kThreads, CS::kSmemBytes, split);
+  const unsigned sp = static_cast<unsigned>(split);
+  return reg_epi ? host::max_active_clusters(Family::template kernel<1, true, true>(), CR::kThreads, CR::kSmemBytes, sp)
+                 : host::max_active_clusters(Family::template kernel<1, false, true>(), CS::kThreads, CS::kSmemBytes, sp);
 }
 
 // Host entry points of the kernel files (launch_sm90.cu calls them).
 // `cons` = consumer warpgroups (1: BM = 64, 2: BM = 128); `reg_epi` = the
 // register-resident epilogue (epilogue_regs_sm90.cuh) instead of the staged one.
 // p.split > 1 selects the split-K instance (cons must be 1; grid a multiple of p.split).
-cudaError_t launch_fp8promo(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
-                            const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
+m3qkv_status launch_fp8promo(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
+                             const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
 cudaError_t prepare_fp8promo();  // cudaFuncSetAttribute (max dynamic smem) of every instance
-cudaError_t launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
-                          const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
+m3qkv_status launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
+                           const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
 cudaError_t prepare_bf16dq();
 // cudaOccupancyMaxActiveClusters of the split-K instance with clusters of `split` CTAs (-1 on error).
 int max_clusters_fp8promo(bool reg_epi, int split);

@@ -4,68 +4,66 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
-#include <mutex>
 
 #include "common/epilogue.cuh"
-#include "common/tensor_map.h"
+#include "host/once.h"
+#include "host/tensor_map.h"
 #include "sm90/kernel_sm90.cuh"
 #include "sm90/sm90.h"
 
-#define SM90_TRY(expr)                    \
-  do {                                    \
-    const m3qkv_status st_ = (expr);      \
-    if (st_ != M3QKV_SUCCESS) return st_; \
-  } while (0)
-
 namespace m3qkv {
 namespace {
+
+constexpr const char* kFn = "m3qkv_fused_qkv";
 
 // Grouped rasterization: heads per band (kernel_sm90.cuh tile_of). 8 heads of
 // K = 6144 e4m3 weights are 6 MiB; with ~132 resident tiles that is ~16 row
 // blocks of activations (12 MiB at BM = 128): both stay in the 50 MiB L2.
 constexpr int kBandHeads = 8;
 
-// cudaOccupancyMaxActiveClusters of the split-K instances, per device /
-// variant / epilogue / cluster size (filled by prepare_device).
-constexpr int kMaxDevices = 64;
-int g_max_clusters[kMaxDevices][2][2][kSm90MaxSplit + 1];
-
 // Test-only timeline buffer (sm90_set_trace); null = off.
 uint64_t* g_trace = nullptr;
 int g_trace_ctas = 0;
 
-// cudaFuncSetAttribute (max dynamic shared memory) and the cluster occupancy
-// table, once per device. The slow path runs under a mutex: two host threads
-// making their first call at once would otherwise both write the table (same
-// values, but a data race). A failed occupancy query leaves 0 in the table
-// (no split-K of that size for this call) and the device unprepared, so the
-// next call asks again instead of running without split-K for the rest of
-// the process.
-m3qkv_status prepare_device(const DeviceInfo& dev) {
-  static std::atomic<uint64_t> prepared{0};
-  static std::mutex slow_path;
-  const uint64_t bit = (dev.device >= 0 && dev.device < 64) ? (uint64_t{1} << dev.device) : 0;
-  if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return M3QKV_SUCCESS;
-  std::lock_guard<std::mutex> lock(slow_path);
-  if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return M3QKV_SUCCESS;
-  cudaError_t e = sm90::prepare_fp8promo();
-  if (e == cudaSuccess) e = sm90::prepare_bf16dq();
-  if (e != cudaSuccess)
-    return fail(M3QKV_ERROR_CUDA_ERROR, "sm90: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) on device %d: %s (%s)",
-                dev.device, cudaGetErrorName(e), cudaGetErrorString(e));
-  bool complete = bit != 0;
-  if (bit != 0) {
+// The one-time setup of a context: every instance's shared-memory attribute
+// is set, and cudaOccupancyMaxActiveClusters of the split-K instances per
+// variant / epilogue / cluster size. An occupancy query that fails leaves -1
+// (unknown) in its entry: that call runs without split-K of that size, and
+// the next call that needs the entry asks again (max_clusters below) instead
+// of running without it for the rest of the process. Entries are mutable
+// atomics: two threads may fill the same unknown entry (with equal values).
+struct Sm90Setup {
+  mutable std::atomic<int> max_clusters[2][2][kSm90MaxSplit + 1];
+};
+
+int query_max_clusters(int variant, int epilogue, int split) {
+  const int n = variant == kSm90Fp8Promote ? sm90::max_clusters_fp8promo(epilogue != 0, split)
+                                           : sm90::max_clusters_bf16dq(epilogue != 0, split);
+  return n < 0 ? -1 : n;
+}
+
+m3qkv_status prepare_device(const DeviceInfo& dev, const Sm90Setup** out) {
+  return host::once(kFn, dev, host::OnceSlot::kSm90, [](Sm90Setup* s) -> m3qkv_status {
+    cudaError_t e = sm90::prepare_fp8promo();
+    if (e == cudaSuccess) e = sm90::prepare_bf16dq();
+    if (e != cudaSuccess) return cuda_fail(kFn, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the SM90 kernels", e);
     for (int v = 0; v < 2; ++v)
       for (int ep = 0; ep < 2; ++ep)
-        for (int sp = 2; sp <= kSm90MaxSplit; ++sp) {
-          const int n = v == kSm90Fp8Promote ? sm90::max_clusters_fp8promo(ep != 0, sp)
-                                             : sm90::max_clusters_bf16dq(ep != 0, sp);
-          g_max_clusters[dev.device][v][ep][sp] = n > 0 ? n : 0;
-          complete = complete && n >= 0;
-        }
+        for (int sp = 0; sp <= kSm90MaxSplit; ++sp)
+          s->max_clusters[v][ep][sp].store(sp >= 2 ? query_max_clusters(v, ep, sp) : 0, std::memory_order_relaxed);
+    return M3QKV_SUCCESS;
+  }, out);
+}
+
+// Resident clusters of `split` CTAs (0: not schedulable or still unknown).
+int max_clusters(const Sm90Setup& s, int variant, int epilogue, int split) {
+  std::atomic<int>& entry = s.max_clusters[variant][epilogue][split];
+  int n = entry.load(std::memory_order_relaxed);
+  if (n < 0) {
+    n = query_max_clusters(variant, epilogue, split);
+    entry.store(n, std::memory_order_relaxed);
   }
-  if (complete) prepared.fetch_or(bit, std::memory_order_acq_rel);
-  return M3QKV_SUCCESS;
+  return n > 0 ? n : 0;
 }
 
 }  // namespace
@@ -87,7 +85,8 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   if (a.m > INT32_MAX - 256 || a.k / 128 > INT32_MAX)
     return fail(M3QKV_ERROR_TOO_LARGE, "m3qkv_fused_qkv: m = %lld exceeds the SM90 kernel's 32-bit row index",
                 static_cast<long long>(a.m));
-  SM90_TRY(prepare_device(dev));
+  const Sm90Setup* setup = nullptr;
+  M3QKV_TRY(prepare_device(dev, &setup));
 
   // Tile height: two consumer warpgroups (BM = 128) when that already gives
   // every SM a tile; otherwise BM = 64 doubles the tile count for M > 64 (and
@@ -104,10 +103,10 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                 static_cast<long long>(tiles));
 
   CUtensorMap tmap_x, tmap_w;
-  SM90_TRY(make_tensor_map_2d_u8(&tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k), static_cast<uint64_t>(a.m),
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k), static_cast<uint64_t>(a.m),
                                  static_cast<uint64_t>(a.k), sm90::kBK, static_cast<uint32_t>(bm),
                                  CU_TENSOR_MAP_SWIZZLE_128B));
-  SM90_TRY(make_tensor_map_2d_u8(&tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
                                  static_cast<uint64_t>(heads * kHeadDim), static_cast<uint64_t>(a.k), sm90::kBK,
                                  sm90::kBN, CU_TENSOR_MAP_SWIZZLE_128B));
 
@@ -139,7 +138,6 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   // leader's DSMEM pull, ~1 stage).
   constexpr int64_t kFixed = 8, kRank = 1;
   const int ks = static_cast<int>(a.k / sm90::kBK);
-  const int dev_idx = dev.device >= 0 && dev.device < kMaxDevices ? dev.device : -1;
   int sp = 1;
   if (split > 1) {
     if (cons != 1)
@@ -147,11 +145,11 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                   "sm90_fused_variant: split-K needs 64-row tiles (block_m %d, M %lld gives 128)", block_m,
                   static_cast<long long>(a.m));
     sp = split < ks ? split : ks;
-  } else if (split == 0 && cons == 1 && dev_idx >= 0) {
+  } else if (split == 0 && cons == 1) {
     const int64_t sms = dev.num_sms > 0 ? dev.num_sms : 1;
     int64_t best = ((tiles + sms - 1) / sms) * (kFixed + ks);
     for (int c = 2; c <= kSm90MaxSplit && c <= ks; ++c) {
-      const int64_t mc = g_max_clusters[dev_idx][variant][epilogue][c];
+      const int64_t mc = max_clusters(*setup, variant, epilogue, c);
       if (mc <= 0) continue;
       const int64_t cost = ((tiles + mc - 1) / mc) * (kFixed + (ks + c - 1) / c + (c - 1) * kRank);
       if (cost < best) {
@@ -164,7 +162,7 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 
   int64_t grid64;
   if (sp > 1) {
-    const int64_t mc = dev_idx >= 0 ? g_max_clusters[dev_idx][variant][epilogue][sp] : 0;
+    const int64_t mc = max_clusters(*setup, variant, epilogue, sp);
     int64_t clusters = a.grid > 0 ? a.grid / sp : (mc > 0 ? mc : 1);
     if (clusters < 1) clusters = 1;
     if (clusters > tiles) clusters = tiles;
@@ -176,21 +174,18 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   const int grid = static_cast<int>(grid64);
   const bool pdl = a.use_pdl != 0;
   const bool reg_epi = epilogue == kSm90EpilogueRegisters;
-  const cudaError_t e = variant == kSm90Fp8Promote
-                            ? sm90::launch_fp8promo(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, s)
-                            : sm90::launch_bf16dq(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, s);
-  if (e != cudaSuccess)
-    return fail(M3QKV_ERROR_CUDA_ERROR,
-                "m3qkv_fused_qkv: SM90 kernel launch (variant %d, epilogue %d, BM %d, grid %d, split %d): %s (%s)",
-                variant, epilogue, bm, grid, sp, cudaGetErrorName(e), cudaGetErrorString(e));
-  return M3QKV_SUCCESS;
+  return variant == kSm90Fp8Promote ? sm90::launch_fp8promo(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, s)
+                                    : sm90::launch_bf16dq(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, s);
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
   return sm90_fused_variant(a, dev, acc_tap, s, kSm90DefaultVariant, 0, kSm90DefaultEpilogue, 0);
 }
 
-m3qkv_status sm90_warmup(const DeviceInfo& dev) { return prepare_device(dev); }
+m3qkv_status sm90_warmup(const DeviceInfo& dev) {
+  const Sm90Setup* setup = nullptr;
+  return prepare_device(dev, &setup);
+}
 
 void sm90_set_trace(uint64_t* device_buffer, int ctas) {
   g_trace = ctas > 0 ? device_buffer : nullptr;
@@ -198,10 +193,11 @@ void sm90_set_trace(uint64_t* device_buffer, int ctas) {
 }
 
 int sm90_max_active_clusters(const DeviceInfo& dev, int variant, int epilogue, int split) {
-  if (dev.device < 0 || dev.device >= kMaxDevices || (variant != 0 && variant != 1) || (epilogue != 0 && epilogue != 1) ||
-      split < 2 || split > kSm90MaxSplit || prepare_device(dev) != M3QKV_SUCCESS)
+  const Sm90Setup* setup = nullptr;
+  if ((variant != 0 && variant != 1) || (epilogue != 0 && epilogue != 1) || split < 2 || split > kSm90MaxSplit ||
+      prepare_device(dev, &setup) != M3QKV_SUCCESS)
     return 0;
-  return g_max_clusters[dev.device][variant][epilogue][split];
+  return max_clusters(*setup, variant, epilogue, split);
 }
 
 }  // namespace m3qkv

@@ -1,12 +1,17 @@
-// SM90 (Hopper, sm_90a) backend: entry points beyond src/api/internal.h's
-// sm90_fused / sm90_warmup, for the benchmark and the GPU tests.
+// SM90 (Hopper, sm_90a) backend: the dispatcher's entry points (same
+// contract as src/portable/portable.h) and, for the benchmark and the GPU
+// tests, the variant-level launcher and its occupancy numbers.
 #pragma once
 
+#include <cuda_runtime_api.h>
 #include <stdint.h>
 
-#include "api/internal.h"
+#include "host/device.h"
 
 namespace m3qkv {
+
+m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s);
+m3qkv_status sm90_warmup(const DeviceInfo& dev);
 
 // The two MX mainloops (docs/sm90.md).
 enum Sm90Variant : int {

@@ -2,7 +2,7 @@
 //
 // A test TU defines M3QKV_WITH_PORTABLE / M3QKV_WITH_SM90 / M3QKV_WITH_SM100
 // (and optionally M3QKV_HAVE_SM90_KERNEL) plus DISPATCH_PREFIX, then includes
-// this header. It compiles its own copy of api.cpp in which
+// this header. It compiles its own copy of api.cpp and src/host/device.cpp in which
 //   - the CUDA runtime calls are replaced by a scripted fake device table,
 //   - the backend launchers / warmups are replaced by recorders,
 //   - the entry points are renamed DISPATCH_PREFIX##<name> so several copies
@@ -23,7 +23,13 @@
 #include <vector>
 
 #include "api/internal.h"
+#include "host/device.h"
+#include "host/status.h"
+#include "host/validate.h"
 #include "m3qkv/m3qkv.h"
+#include "portable/portable.h"
+#include "sm100/sm100.h"
+#include "sm90/sm90.h"
 #include "valid_args.h"
 
 #ifndef DISPATCH_PREFIX
@@ -46,7 +52,6 @@ struct FakeCuda {
   int attr_fail_device = -1;  // cudaDeviceGetAttribute fails for this ordinal
   std::atomic<int> attr_calls{0};
   std::atomic<int> get_device_calls{0};
-  std::atomic<int> get_last_error_calls{0};
   std::vector<int> set_device_log;
 };
 FakeCuda& fake_cuda() {
@@ -73,10 +78,6 @@ cudaError_t fake_cudaGetDeviceCount(int* n) {
   auto& f = fake_cuda();
   if (f.get_count_err != cudaSuccess) return f.get_count_err;
   *n = static_cast<int>(f.cc.size());
-  return cudaSuccess;
-}
-cudaError_t fake_cudaGetLastError() {
-  fake_cuda().get_last_error_calls++;
   return cudaSuccess;
 }
 cudaError_t fake_cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int d) {
@@ -162,7 +163,6 @@ namespace {
 #define cudaGetDevice fake_cudaGetDevice
 #define cudaSetDevice fake_cudaSetDevice
 #define cudaGetDeviceCount fake_cudaGetDeviceCount
-#define cudaGetLastError fake_cudaGetLastError
 #define cudaDeviceGetAttribute fake_cudaDeviceGetAttribute
 
 #define portable_fused fake_portable_fused
@@ -185,12 +185,12 @@ namespace {
 #define query_device DISPATCH_CAT(DISPATCH_PREFIX, query_device)
 #define current_device_info DISPATCH_CAT(DISPATCH_PREFIX, current_device_info)
 
+#include "host/device.cpp"
 #include "api/api.cpp"
 
 #undef cudaGetDevice
 #undef cudaSetDevice
 #undef cudaGetDeviceCount
-#undef cudaGetLastError
 #undef cudaDeviceGetAttribute
 #undef portable_fused
 #undef portable_gemm
@@ -226,7 +226,7 @@ struct Under {
   static m3qkv_status quantize(const m3qkv_quantize_args* a) { return DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_quantize)(a, nullptr); }
   static m3qkv_status backend(int d, m3qkv_backend_kind* k) { return DISPATCH_CAT(DISPATCH_PREFIX, backend)(d, k); }
   static m3qkv_status warmup(int d) { return DISPATCH_CAT(DISPATCH_PREFIX, warmup)(d); }
-  static m3qkv_status query(int d, m3qkv::DeviceInfo* out) { return m3qkv::DISPATCH_CAT(DISPATCH_PREFIX, query_device)(d, out); }
+  static m3qkv_status query(int d, m3qkv::DeviceInfo* out) { return m3qkv::DISPATCH_CAT(DISPATCH_PREFIX, query_device)(d, out, "m3qkv"); }
 };
 
 // Fake but aligned pointers (never dereferenced: the launchers are recorders)

@@ -25,7 +25,8 @@
 #include <cstdio>
 #include <initializer_list>
 
-#include "api/internal.h"
+#include "host/status.h"
+#include "host/validate.h"
 
 namespace m3qkv {
 namespace {
@@ -54,12 +55,6 @@ static_assert((kBlockSizeMultiple * kSlotBytesPerToken) % kPageStrideMultiple ==
 constexpr size_t kWideAlign = 16;  // 16-byte vector / TMA accesses
 constexpr size_t kI64Align = 8;    // int64 positions and slot mappings
 constexpr size_t kFlagAlign = 4;   // uint32 error flags (atomicOr)
-
-#define M3QKV_CHECK(expr)                              \
-  do {                                                 \
-    const m3qkv_status m3qkv_st_ = (expr);             \
-    if (m3qkv_st_ != M3QKV_SUCCESS) return m3qkv_st_;  \
-  } while (0)
 
 using ll = long long;
 
@@ -160,13 +155,13 @@ m3qkv_status aligned(Ctx c, const char* name, const void* p, size_t align) {
 
 // m and k, shared by fused, gemm and quantize.
 m3qkv_status check_m(Ctx c, int64_t m) {
-  M3QKV_CHECK(at_least(c, "m", m, 0));
+  M3QKV_TRY(at_least(c, "m", m, 0));
   return within_limit(c, "m", m, kMaxM, /*inclusive=*/false);
 }
 
 m3qkv_status check_k(Ctx c, int64_t k) {
-  M3QKV_CHECK(positive(c, "k", k));
-  M3QKV_CHECK(multiple_of(c, "k", k, kKMultiple));
+  M3QKV_TRY(positive(c, "k", k));
+  M3QKV_TRY(multiple_of(c, "k", k, kKMultiple));
   return within_limit(c, "k", k, kMaxK, /*inclusive=*/true);
 }
 
@@ -188,27 +183,27 @@ m3qkv_status check_gemm_sizes(Ctx c, const GemmOperands& g) {
   int64_t bytes = 0;
   const int64_t m_pad = (g.m + kScaleRowTile - 1) / kScaleRowTile * kScaleRowTile;
   const int64_t n_pad = (g.n + kScaleRowTile - 1) / kScaleRowTile * kScaleRowTile;
-  M3QKV_CHECK(product(c, "m*k (xq bytes)", {g.m, g.k}, &bytes));
-  M3QKV_CHECK(product(c, "m*n*4 (output / accumulator bytes)", {g.m, g.n, 4}, &bytes));
-  M3QKV_CHECK(product(c, "n*k (wq bytes)", {g.n, g.k}, &bytes));
-  M3QKV_CHECK(product(c, "ceil(m/128)*128*k/32 (xsf bytes)", {m_pad, g.k / kMxBlock}, &bytes));
-  M3QKV_CHECK(product(c, "ceil(n/128)*128*k/32 (wsf bytes)", {n_pad, g.k / kMxBlock}, &bytes));
+  M3QKV_TRY(product(c, "m*k (xq bytes)", {g.m, g.k}, &bytes));
+  M3QKV_TRY(product(c, "m*n*4 (output / accumulator bytes)", {g.m, g.n, 4}, &bytes));
+  M3QKV_TRY(product(c, "n*k (wq bytes)", {g.n, g.k}, &bytes));
+  M3QKV_TRY(product(c, "ceil(m/128)*128*k/32 (xsf bytes)", {m_pad, g.k / kMxBlock}, &bytes));
+  M3QKV_TRY(product(c, "ceil(n/128)*128*k/32 (wsf bytes)", {n_pad, g.k / kMxBlock}, &bytes));
   return M3QKV_SUCCESS;
 }
 
 m3qkv_status check_gemm_pointers(Ctx c, const GemmOperands& g) {
-  M3QKV_CHECK(non_null(c, "xq", g.xq));
-  M3QKV_CHECK(non_null(c, "xsf", g.xsf));
-  M3QKV_CHECK(non_null(c, "wq", g.wq));
-  M3QKV_CHECK(non_null(c, "wsf", g.wsf));
+  M3QKV_TRY(non_null(c, "xq", g.xq));
+  M3QKV_TRY(non_null(c, "xsf", g.xsf));
+  M3QKV_TRY(non_null(c, "wq", g.wq));
+  M3QKV_TRY(non_null(c, "wsf", g.wsf));
   return M3QKV_SUCCESS;
 }
 
 m3qkv_status check_gemm_alignment(Ctx c, const GemmOperands& g) {
-  M3QKV_CHECK(aligned(c, "xq", g.xq, kWideAlign));
-  M3QKV_CHECK(aligned(c, "xsf", g.xsf, kWideAlign));
-  M3QKV_CHECK(aligned(c, "wq", g.wq, kWideAlign));
-  M3QKV_CHECK(aligned(c, "wsf", g.wsf, kWideAlign));
+  M3QKV_TRY(aligned(c, "xq", g.xq, kWideAlign));
+  M3QKV_TRY(aligned(c, "xsf", g.xsf, kWideAlign));
+  M3QKV_TRY(aligned(c, "wq", g.wq, kWideAlign));
+  M3QKV_TRY(aligned(c, "wsf", g.wsf, kWideAlign));
   return M3QKV_SUCCESS;
 }
 
@@ -270,8 +265,8 @@ Epilogue epilogue_view(const A& a) {
 
 // Head counts (SPEC §2); *n_out = N = (nq + 2·nkv + niq + nik)·128.
 m3qkv_status check_heads(Ctx c, const Epilogue& e, int64_t* n_out) {
-  M3QKV_CHECK(at_least(c, "nq", e.nq, 1));
-  M3QKV_CHECK(at_least(c, "nkv", e.nkv, 1));
+  M3QKV_TRY(at_least(c, "nq", e.nq, 1));
+  M3QKV_TRY(at_least(c, "nkv", e.nkv, 1));
   if (e.nq % e.nkv != 0) {
     return fail(M3QKV_ERROR_INVALID_SHAPE, "%s: nq = %d is not a multiple of nkv = %d", c.fn, e.nq, e.nkv);
   }
@@ -298,12 +293,12 @@ m3qkv_status check_heads(Ctx c, const Epilogue& e, int64_t* n_out) {
 // and the byte / slot extents fit int64.
 m3qkv_status check_cache(Ctx c, const char* stride_name, int64_t stride, const char* pages_name, int64_t pages,
                          int64_t page_bytes, const char* page_formula) {
-  M3QKV_CHECK(multiple_of(c, stride_name, stride, kPageStrideMultiple));
+  M3QKV_TRY(multiple_of(c, stride_name, stride, kPageStrideMultiple));
   if (stride < page_bytes) {
     return fail(M3QKV_ERROR_INVALID_SHAPE, "%s: %s = %lld is smaller than one packed page (%s = %lld bytes)", c.fn,
                 stride_name, static_cast<ll>(stride), page_formula, static_cast<ll>(page_bytes));
   }
-  M3QKV_CHECK(at_least(c, pages_name, pages, 1));
+  M3QKV_TRY(at_least(c, pages_name, pages, 1));
   int64_t bytes = 0;
   char what[96];
   std::snprintf(what, sizeof(what), "%s*%s (cache bytes)", pages_name, stride_name);
@@ -312,54 +307,54 @@ m3qkv_status check_cache(Ctx c, const char* stride_name, int64_t stride, const c
 
 // All host scalars of the epilogue: shapes, limits and values. *n_out = N.
 m3qkv_status check_epilogue_scalars(Ctx c, const Epilogue& e, int64_t* n_out) {
-  M3QKV_CHECK(check_m(c, e.m));
-  M3QKV_CHECK(check_heads(c, e, n_out));
+  M3QKV_TRY(check_m(c, e.m));
+  M3QKV_TRY(check_heads(c, e, n_out));
 
-  M3QKV_CHECK(positive(c, "block_size", e.block_size));
-  M3QKV_CHECK(multiple_of(c, "block_size", e.block_size, kBlockSizeMultiple));
+  M3QKV_TRY(positive(c, "block_size", e.block_size));
+  M3QKV_TRY(multiple_of(c, "block_size", e.block_size, kBlockSizeMultiple));
 
   int64_t kv_page = 0, slots = 0;
-  M3QKV_CHECK(product(c, "2*nkv*block_size*72 (kv page bytes)", {2, e.nkv, e.block_size, kSlotBytesPerToken}, &kv_page));
-  M3QKV_CHECK(check_cache(c, "kv_page_stride", e.kv_page_stride, "num_blocks", e.num_blocks, kv_page,
+  M3QKV_TRY(product(c, "2*nkv*block_size*72 (kv page bytes)", {2, e.nkv, e.block_size, kSlotBytesPerToken}, &kv_page));
+  M3QKV_TRY(check_cache(c, "kv_page_stride", e.kv_page_stride, "num_blocks", e.num_blocks, kv_page,
                           "2*nkv*block_size*72"));
-  M3QKV_CHECK(product(c, "num_blocks*block_size (kv slots)", {e.num_blocks, e.block_size}, &slots));
+  M3QKV_TRY(product(c, "num_blocks*block_size (kv slots)", {e.num_blocks, e.block_size}, &slots));
   if (e.nik > 0) {
     const int64_t index_page = int64_t{e.block_size} * kSlotBytesPerToken;  // < 2^31 · 72: no overflow
-    M3QKV_CHECK(check_cache(c, "index_page_stride", e.index_page_stride, "num_index_blocks", e.num_index_blocks,
+    M3QKV_TRY(check_cache(c, "index_page_stride", e.index_page_stride, "num_index_blocks", e.num_index_blocks,
                             index_page, "block_size*72"));
-    M3QKV_CHECK(product(c, "num_index_blocks*block_size (index slots)", {e.num_index_blocks, e.block_size}, &slots));
+    M3QKV_TRY(product(c, "num_index_blocks*block_size (index slots)", {e.num_index_blocks, e.block_size}, &slots));
   }
 
-  M3QKV_CHECK(at_least(c, "max_position", e.max_position, 1));
+  M3QKV_TRY(at_least(c, "max_position", e.max_position, 1));
   int64_t bytes = 0;
-  M3QKV_CHECK(product(c, "max_position*64*2 (cos_sin_cache bytes)", {e.max_position, 64, 2}, &bytes));
-  M3QKV_CHECK(product(c, "m*N*4 (accumulator bytes)", {e.m, *n_out, 4}, &bytes));
+  M3QKV_TRY(product(c, "max_position*64*2 (cos_sin_cache bytes)", {e.max_position, 64, 2}, &bytes));
+  M3QKV_TRY(product(c, "m*N*4 (accumulator bytes)", {e.m, *n_out, 4}, &bytes));
 
-  M3QKV_CHECK(finite_non_negative(c, "eps", e.eps));
+  M3QKV_TRY(finite_non_negative(c, "eps", e.eps));
   // q_fp8_scale only matters when the fp8 q output is requested.
-  if (e.q_fp8_out != nullptr) M3QKV_CHECK(finite_positive(c, "q_fp8_scale", e.q_fp8_scale));
-  M3QKV_CHECK(finite_positive(c, "k_scale", e.k_scale));
-  M3QKV_CHECK(finite_positive(c, "v_scale", e.v_scale));
-  M3QKV_CHECK(check_use_pdl(c, e.use_pdl));
-  M3QKV_CHECK(check_grid(c, e.grid));
+  if (e.q_fp8_out != nullptr) M3QKV_TRY(finite_positive(c, "q_fp8_scale", e.q_fp8_scale));
+  M3QKV_TRY(finite_positive(c, "k_scale", e.k_scale));
+  M3QKV_TRY(finite_positive(c, "v_scale", e.v_scale));
+  M3QKV_TRY(check_use_pdl(c, e.use_pdl));
+  M3QKV_TRY(check_grid(c, e.grid));
   return M3QKV_SUCCESS;
 }
 
 m3qkv_status check_epilogue_pointers(Ctx c, const Epilogue& e) {
-  M3QKV_CHECK(non_null(c, "positions", e.positions));
-  M3QKV_CHECK(non_null(c, "cos_sin_cache", e.cos_sin_cache));
-  M3QKV_CHECK(non_null(c, "q_norm_weight", e.q_norm_weight));
-  M3QKV_CHECK(non_null(c, "k_norm_weight", e.k_norm_weight));
-  M3QKV_CHECK(non_null(c, "slot_mapping", e.slot_mapping));
-  M3QKV_CHECK(non_null(c, "kv_cache", e.kv_cache));
+  M3QKV_TRY(non_null(c, "positions", e.positions));
+  M3QKV_TRY(non_null(c, "cos_sin_cache", e.cos_sin_cache));
+  M3QKV_TRY(non_null(c, "q_norm_weight", e.q_norm_weight));
+  M3QKV_TRY(non_null(c, "k_norm_weight", e.k_norm_weight));
+  M3QKV_TRY(non_null(c, "slot_mapping", e.slot_mapping));
+  M3QKV_TRY(non_null(c, "kv_cache", e.kv_cache));
   if (e.niq > 0) {
-    M3QKV_CHECK(non_null(c, "index_q_norm_weight", e.index_q_norm_weight));
-    M3QKV_CHECK(non_null(c, "index_q_out", e.index_q_out));
+    M3QKV_TRY(non_null(c, "index_q_norm_weight", e.index_q_norm_weight));
+    M3QKV_TRY(non_null(c, "index_q_out", e.index_q_out));
   }
   if (e.nik > 0) {
-    M3QKV_CHECK(non_null(c, "index_k_norm_weight", e.index_k_norm_weight));
-    M3QKV_CHECK(non_null(c, "index_slot_mapping", e.index_slot_mapping));
-    M3QKV_CHECK(non_null(c, "index_cache", e.index_cache));
+    M3QKV_TRY(non_null(c, "index_k_norm_weight", e.index_k_norm_weight));
+    M3QKV_TRY(non_null(c, "index_slot_mapping", e.index_slot_mapping));
+    M3QKV_TRY(non_null(c, "index_cache", e.index_cache));
   }
   if (e.q_out == nullptr && e.q_fp8_out == nullptr) {
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: q_out = NULL and q_fp8_out = NULL: at least one q output is required",
@@ -369,24 +364,24 @@ m3qkv_status check_epilogue_pointers(Ctx c, const Epilogue& e) {
 }
 
 m3qkv_status check_epilogue_alignment(Ctx c, const Epilogue& e) {
-  M3QKV_CHECK(aligned(c, "positions", e.positions, kI64Align));
-  M3QKV_CHECK(aligned(c, "cos_sin_cache", e.cos_sin_cache, kWideAlign));
-  M3QKV_CHECK(aligned(c, "q_norm_weight", e.q_norm_weight, kWideAlign));
-  M3QKV_CHECK(aligned(c, "k_norm_weight", e.k_norm_weight, kWideAlign));
-  M3QKV_CHECK(aligned(c, "slot_mapping", e.slot_mapping, kI64Align));
-  M3QKV_CHECK(aligned(c, "kv_cache", e.kv_cache, kWideAlign));
-  M3QKV_CHECK(aligned(c, "q_out", e.q_out, kWideAlign));
-  M3QKV_CHECK(aligned(c, "q_fp8_out", e.q_fp8_out, kWideAlign));
+  M3QKV_TRY(aligned(c, "positions", e.positions, kI64Align));
+  M3QKV_TRY(aligned(c, "cos_sin_cache", e.cos_sin_cache, kWideAlign));
+  M3QKV_TRY(aligned(c, "q_norm_weight", e.q_norm_weight, kWideAlign));
+  M3QKV_TRY(aligned(c, "k_norm_weight", e.k_norm_weight, kWideAlign));
+  M3QKV_TRY(aligned(c, "slot_mapping", e.slot_mapping, kI64Align));
+  M3QKV_TRY(aligned(c, "kv_cache", e.kv_cache, kWideAlign));
+  M3QKV_TRY(aligned(c, "q_out", e.q_out, kWideAlign));
+  M3QKV_TRY(aligned(c, "q_fp8_out", e.q_fp8_out, kWideAlign));
   if (e.niq > 0) {
-    M3QKV_CHECK(aligned(c, "index_q_norm_weight", e.index_q_norm_weight, kWideAlign));
-    M3QKV_CHECK(aligned(c, "index_q_out", e.index_q_out, kWideAlign));
+    M3QKV_TRY(aligned(c, "index_q_norm_weight", e.index_q_norm_weight, kWideAlign));
+    M3QKV_TRY(aligned(c, "index_q_out", e.index_q_out, kWideAlign));
   }
   if (e.nik > 0) {
-    M3QKV_CHECK(aligned(c, "index_k_norm_weight", e.index_k_norm_weight, kWideAlign));
-    M3QKV_CHECK(aligned(c, "index_slot_mapping", e.index_slot_mapping, kI64Align));
-    M3QKV_CHECK(aligned(c, "index_cache", e.index_cache, kWideAlign));
+    M3QKV_TRY(aligned(c, "index_k_norm_weight", e.index_k_norm_weight, kWideAlign));
+    M3QKV_TRY(aligned(c, "index_slot_mapping", e.index_slot_mapping, kI64Align));
+    M3QKV_TRY(aligned(c, "index_cache", e.index_cache, kWideAlign));
   }
-  M3QKV_CHECK(aligned(c, "error_flags", e.error_flags, kFlagAlign));
+  M3QKV_TRY(aligned(c, "error_flags", e.error_flags, kFlagAlign));
   return M3QKV_SUCCESS;
 }
 
@@ -409,71 +404,71 @@ bool is_noop(int64_t m, bool* noop) {
 
 m3qkv_status validate_fused(const m3qkv_fused_args* a, bool* noop) {
   const Ctx c{"m3qkv_fused_qkv"};
-  M3QKV_CHECK(check_header(c, a, "m3qkv_fused_args", noop));
+  M3QKV_TRY(check_header(c, a, "m3qkv_fused_args", noop));
   const Epilogue e = epilogue_view(*a);
   int64_t n = 0;
-  M3QKV_CHECK(check_k(c, a->k));
-  M3QKV_CHECK(check_epilogue_scalars(c, e, &n));
+  M3QKV_TRY(check_k(c, a->k));
+  M3QKV_TRY(check_epilogue_scalars(c, e, &n));
   const GemmOperands g{a->m, n, a->k, a->xq, a->xsf, a->wq, a->wsf};
-  M3QKV_CHECK(check_gemm_sizes(c, g));
-  M3QKV_CHECK(in_range(c, "cta_group", a->cta_group, 0, 2, "0 (auto), 1 or 2"));
+  M3QKV_TRY(check_gemm_sizes(c, g));
+  M3QKV_TRY(in_range(c, "cta_group", a->cta_group, 0, 2, "0 (auto), 1 or 2"));
   if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
-  M3QKV_CHECK(check_gemm_pointers(c, g));
-  M3QKV_CHECK(check_epilogue_pointers(c, e));
-  M3QKV_CHECK(check_gemm_alignment(c, g));
+  M3QKV_TRY(check_gemm_pointers(c, g));
+  M3QKV_TRY(check_epilogue_pointers(c, e));
+  M3QKV_TRY(check_gemm_alignment(c, g));
   return check_epilogue_alignment(c, e);
 }
 
 m3qkv_status validate_insert(const m3qkv_insert_args* a, bool* noop) {
   const Ctx c{"m3qkv_qknorm_rope_kv_insert"};
-  M3QKV_CHECK(check_header(c, a, "m3qkv_insert_args", noop));
+  M3QKV_TRY(check_header(c, a, "m3qkv_insert_args", noop));
   const Epilogue e = epilogue_view(*a);
   int64_t n = 0;
-  M3QKV_CHECK(check_epilogue_scalars(c, e, &n));
+  M3QKV_TRY(check_epilogue_scalars(c, e, &n));
   int64_t bytes = 0;
-  M3QKV_CHECK(product(c, "m*N*2 (qkv bytes)", {a->m, n, 2}, &bytes));
+  M3QKV_TRY(product(c, "m*N*2 (qkv bytes)", {a->m, n, 2}, &bytes));
   if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
-  M3QKV_CHECK(non_null(c, "qkv", a->qkv));
-  M3QKV_CHECK(check_epilogue_pointers(c, e));
-  M3QKV_CHECK(aligned(c, "qkv", a->qkv, kWideAlign));
+  M3QKV_TRY(non_null(c, "qkv", a->qkv));
+  M3QKV_TRY(check_epilogue_pointers(c, e));
+  M3QKV_TRY(aligned(c, "qkv", a->qkv, kWideAlign));
   return check_epilogue_alignment(c, e);
 }
 
 m3qkv_status validate_gemm(const m3qkv_gemm_args* a, bool* noop) {
   const Ctx c{"m3qkv_mxfp8_gemm"};
-  M3QKV_CHECK(check_header(c, a, "m3qkv_gemm_args", noop));
-  M3QKV_CHECK(check_m(c, a->m));
-  M3QKV_CHECK(positive(c, "n", a->n));
-  M3QKV_CHECK(multiple_of(c, "n", a->n, kNMultiple));
-  M3QKV_CHECK(within_limit(c, "n", a->n, kMaxN, /*inclusive=*/true));
-  M3QKV_CHECK(check_k(c, a->k));
+  M3QKV_TRY(check_header(c, a, "m3qkv_gemm_args", noop));
+  M3QKV_TRY(check_m(c, a->m));
+  M3QKV_TRY(positive(c, "n", a->n));
+  M3QKV_TRY(multiple_of(c, "n", a->n, kNMultiple));
+  M3QKV_TRY(within_limit(c, "n", a->n, kMaxN, /*inclusive=*/true));
+  M3QKV_TRY(check_k(c, a->k));
   const GemmOperands g{a->m, a->n, a->k, a->xq, a->xsf, a->wq, a->wsf};
-  M3QKV_CHECK(check_gemm_sizes(c, g));
-  M3QKV_CHECK(check_use_pdl(c, a->use_pdl));
-  M3QKV_CHECK(check_grid(c, a->grid));
+  M3QKV_TRY(check_gemm_sizes(c, g));
+  M3QKV_TRY(check_use_pdl(c, a->use_pdl));
+  M3QKV_TRY(check_grid(c, a->grid));
   if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
-  M3QKV_CHECK(check_gemm_pointers(c, g));
-  M3QKV_CHECK(non_null(c, "out", a->out));
-  M3QKV_CHECK(check_gemm_alignment(c, g));
+  M3QKV_TRY(check_gemm_pointers(c, g));
+  M3QKV_TRY(non_null(c, "out", a->out));
+  M3QKV_TRY(check_gemm_alignment(c, g));
   return aligned(c, "out", a->out, kWideAlign);
 }
 
 m3qkv_status validate_quantize(const m3qkv_quantize_args* a, bool* noop) {
   const Ctx c{"m3qkv_mxfp8_quantize"};
-  M3QKV_CHECK(check_header(c, a, "m3qkv_quantize_args", noop));
-  M3QKV_CHECK(check_m(c, a->m));
-  M3QKV_CHECK(check_k(c, a->k));
+  M3QKV_TRY(check_header(c, a, "m3qkv_quantize_args", noop));
+  M3QKV_TRY(check_m(c, a->m));
+  M3QKV_TRY(check_k(c, a->k));
   int64_t bytes = 0;
   const int64_t m_pad = (a->m + kScaleRowTile - 1) / kScaleRowTile * kScaleRowTile;
-  M3QKV_CHECK(product(c, "m*k*2 (x bytes)", {a->m, a->k, 2}, &bytes));
-  M3QKV_CHECK(product(c, "ceil(m/128)*128*k/32 (xsf bytes)", {m_pad, a->k / kMxBlock}, &bytes));
-  M3QKV_CHECK(check_use_pdl(c, a->use_pdl));
+  M3QKV_TRY(product(c, "m*k*2 (x bytes)", {a->m, a->k, 2}, &bytes));
+  M3QKV_TRY(product(c, "ceil(m/128)*128*k/32 (xsf bytes)", {m_pad, a->k / kMxBlock}, &bytes));
+  M3QKV_TRY(check_use_pdl(c, a->use_pdl));
   if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
-  M3QKV_CHECK(non_null(c, "x", a->x));
-  M3QKV_CHECK(non_null(c, "xq", a->xq));
-  M3QKV_CHECK(non_null(c, "xsf", a->xsf));
-  M3QKV_CHECK(aligned(c, "x", a->x, kWideAlign));
-  M3QKV_CHECK(aligned(c, "xq", a->xq, kWideAlign));
+  M3QKV_TRY(non_null(c, "x", a->x));
+  M3QKV_TRY(non_null(c, "xq", a->xq));
+  M3QKV_TRY(non_null(c, "xsf", a->xsf));
+  M3QKV_TRY(aligned(c, "x", a->x, kWideAlign));
+  M3QKV_TRY(aligned(c, "xq", a->xq, kWideAlign));
   return aligned(c, "xsf", a->xsf, kWideAlign);
 }
 
