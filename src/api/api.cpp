@@ -1,15 +1,17 @@
-// The public entry points: validate, skip empty batches, find the device,
-// dispatch to a backend (rule at the end of api/internal.h).
+// The public entry points: validate, skip empty batches, find the call's
+// context, dispatch to a backend (rule at the end of api/internal.h).
 //
 // Every entry point follows the same sequence:
 //   clear_error -> validate_* (launches nothing) -> m == 0: SUCCESS ->
-//   current device facts (cached) -> backend choice -> launcher.
+//   the stream's context and its device facts (host/context.h; cached per
+//   context) -> backend choice -> launcher, with the stream's context current.
 // No exception crosses the C boundary: each body runs inside guarded().
 #include <cuda_runtime_api.h>
 
 #include <exception>
 
 #include "api/internal.h"
+#include "host/context.h"
 #include "host/device.h"
 #include "host/status.h"
 #include "host/validate.h"
@@ -164,26 +166,13 @@ m3qkv_status run_portable(const char* fn, const A* args, cudaStream_t stream,
     bool noop = false;
     M3QKV_TRY(validate(args, &noop));
     if (noop) return M3QKV_SUCCESS;
+    host::ContextScope scope;
     DeviceInfo d;
-    M3QKV_TRY(current_device_info(&d, fn));
+    M3QKV_TRY(host::enter_stream(fn, stream, &scope, &d));
     if (!kHavePortable || !portable_runs_on(d)) return no_portable(fn, d);
     return launch(*args, d, stream);
   });
 }
-
-// Restores the caller's current device when m3qkv_warmup returns.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int previous) : previous_(previous) {}
-  ~DeviceGuard() {
-    if (previous_ >= 0) (void)cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_;
-};
 
 }  // namespace
 
@@ -209,8 +198,9 @@ m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_ta
                   static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(acc_tap)));
     }
     if (noop) return M3QKV_SUCCESS;
+    host::ContextScope scope;
     DeviceInfo d;
-    M3QKV_TRY(current_device_info(&d, fn));
+    M3QKV_TRY(host::enter_stream(fn, stream, &scope, &d));
     m3qkv_backend_kind b = M3QKV_BACKEND_NONE;
     M3QKV_TRY(choose_fused(fn, d, force_backend, &b));
     return launch_fused(b, *args, d, acc_tap, stream);
@@ -273,20 +263,21 @@ m3qkv_status m3qkv_backend(int device, m3qkv_backend_kind* out) {
   });
 }
 
-// Makes `device` current, runs the warmup of every backend this device can
-// use (the portable one serves the unfused ops everywhere), then restores the
-// caller's current device.
+// Runs the warmup of every backend `device` can use (the portable one serves
+// the unfused ops everywhere) in the device's primary context (host/context.h
+// enter_primary: created if needed, current only for the call; the caller's
+// current context and device are left as they were, and no other device is
+// touched).
 m3qkv_status m3qkv_warmup(int device) {
   const char* fn = "m3qkv_warmup";
   return guarded(fn, [&]() -> m3qkv_status {
+    DeviceInfo facts;
+    M3QKV_TRY(query_device(device, &facts, fn));
+    const m3qkv_backend_kind fused = fused_backend_for(facts);
+    if (fused == M3QKV_BACKEND_NONE) return no_portable(fn, facts);
+    host::ContextScope scope;
     DeviceInfo d;
-    M3QKV_TRY(query_device(device, &d, fn));
-    const m3qkv_backend_kind fused = fused_backend_for(d);
-    if (fused == M3QKV_BACKEND_NONE) return no_portable(fn, d);
-    int previous = -1;
-    M3QKV_CUDA_TRY(fn, cudaGetDevice(&previous));
-    DeviceGuard restore(previous);
-    M3QKV_CUDA_TRY(fn, cudaSetDevice(device));
+    M3QKV_TRY(host::enter_primary(fn, device, &scope, &d));
 #if M3QKV_WITH_PORTABLE
     if (portable_runs_on(d)) M3QKV_TRY(portable_warmup(d));
 #endif

@@ -3,11 +3,10 @@
 // it, so two threads may both query a new device once and store equal values.
 #include "host/device.h"
 
-#include <cuda_runtime_api.h>
-
 #include <map>
 #include <mutex>
 
+#include "host/cuda.h"
 #include "host/status.h"
 
 namespace m3qkv {
@@ -18,8 +17,8 @@ std::mutex& cache_mutex() {
   return mu;
 }
 std::map<int, DeviceInfo>& cache() {
-  static std::map<int, DeviceInfo> m;
-  return m;
+  static auto* m = new std::map<int, DeviceInfo>();
+  return *m;
 }
 
 }  // namespace
@@ -36,20 +35,21 @@ m3qkv_status query_device(int device, DeviceInfo* out, const char* fn) {
       return M3QKV_SUCCESS;
     }
   }
+  const host::Cuda& c = host::cuda_unresolved();  // runtime calls only
   int count = 0;
-  M3QKV_CUDA_TRY(fn, cudaGetDeviceCount(&count));
-  if (count <= 0) return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE, "%s: no CUDA device is available", fn);
+  M3QKV_CUDA_TRY(fn, c.get_device_count(&count));
+  if (count <= 0) return cuda_fail(fn, "cudaGetDeviceCount", cudaErrorNoDevice);
   if (device >= count) {
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: device = %d is not a valid CUDA device (this process sees %d)", fn,
                 device, count);
   }
   DeviceInfo d;
   d.device = device;
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device));
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.num_sms, cudaDevAttrMultiProcessorCount, device));
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.l2_bytes, cudaDevAttrL2CacheSize, device));
-  M3QKV_CUDA_TRY(fn, cudaDeviceGetAttribute(&d.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  M3QKV_CUDA_TRY(fn, c.device_get_attribute(&d.cc_major, cudaDevAttrComputeCapabilityMajor, device));
+  M3QKV_CUDA_TRY(fn, c.device_get_attribute(&d.cc_minor, cudaDevAttrComputeCapabilityMinor, device));
+  M3QKV_CUDA_TRY(fn, c.device_get_attribute(&d.num_sms, cudaDevAttrMultiProcessorCount, device));
+  M3QKV_CUDA_TRY(fn, c.device_get_attribute(&d.l2_bytes, cudaDevAttrL2CacheSize, device));
+  M3QKV_CUDA_TRY(fn, c.device_get_attribute(&d.max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   {
     std::lock_guard<std::mutex> lock(cache_mutex());
     cache()[device] = d;
@@ -58,11 +58,11 @@ m3qkv_status query_device(int device, DeviceInfo* out, const char* fn) {
   return M3QKV_SUCCESS;
 }
 
-// The device the caller's stream belongs to is the current device.
-m3qkv_status current_device_info(DeviceInfo* out, const char* fn) {
-  int device = -1;
-  M3QKV_CUDA_TRY(fn, cudaGetDevice(&device));
-  return query_device(device, out, fn);
+namespace host {
+void testing_forget_devices() {
+  std::lock_guard<std::mutex> lock(cache_mutex());
+  cache().clear();
 }
+}  // namespace host
 
 }  // namespace m3qkv

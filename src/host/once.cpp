@@ -1,45 +1,27 @@
-// Storage of the one-time setup (see once.h), one slot set per device ordinal.
+// Storage of the one-time setup (see once.h): the slots of the call's context
+// record (host/context.h).
 #include "host/once.h"
 
-#include <atomic>
-#include <mutex>
+#include "host/context.h"
 
 namespace m3qkv::host::detail {
-namespace {
-
-constexpr int kMaxDevices = 64;
-constexpr int kSlots = static_cast<int>(OnceSlot::kCount);
-
-struct Slot {
-  std::atomic<const void*> value{nullptr};
-  std::mutex mu;
-};
-Slot g_slots[kMaxDevices][kSlots];
-
-Slot* slot_of(const DeviceInfo& dev, OnceSlot slot) {
-  if (dev.device < 0 || dev.device >= kMaxDevices) return nullptr;
-  return &g_slots[dev.device][static_cast<int>(slot)];
-}
-
-}  // namespace
 
 const void* once_peek(const DeviceInfo& dev, OnceSlot slot) {
-  Slot* s = slot_of(dev, slot);
-  return s != nullptr ? s->value.load(std::memory_order_acquire) : nullptr;
+  if (dev.context == nullptr) return nullptr;
+  return dev.context->once[static_cast<int>(slot)].value.load(std::memory_order_acquire);
 }
 
 m3qkv_status once_make(const char* fn, const DeviceInfo& dev, OnceSlot slot, OnceThunk thunk, void* closure,
                        const void** out) {
-  Slot* s = slot_of(dev, slot);
-  if (s == nullptr) {
-    return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE, "%s: device %d: m3qkv supports device ordinals below %d", fn,
-                dev.device, kMaxDevices);
+  if (dev.context == nullptr) {
+    return fail(M3QKV_ERROR_INTERNAL, "%s: one-time setup asked without a context (DeviceInfo from query_device)", fn);
   }
-  std::lock_guard<std::mutex> lock(s->mu);
-  const void* v = s->value.load(std::memory_order_acquire);
+  ContextState::Slot& s = dev.context->once[static_cast<int>(slot)];
+  std::lock_guard<std::mutex> lock(s.mu);
+  const void* v = s.value.load(std::memory_order_acquire);
   if (v == nullptr) {
     M3QKV_TRY(thunk(closure, &v));
-    s->value.store(v, std::memory_order_release);
+    s.value.store(v, std::memory_order_release);
   }
   *out = v;
   return M3QKV_SUCCESS;

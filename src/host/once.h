@@ -1,6 +1,9 @@
 // One-time setup per CUDA context (shared-memory attributes, occupancy
-// numbers): computed on the first call that needs it, then read with one
-// atomic load. Each user owns one slot.
+// numbers belong to a context): computed on the first call in a context that
+// needs it, then read with one atomic load. Each user owns one slot; the
+// slots live in the context's record (host/context.h), so a new context
+// (cuCtxCreate, the primary context after cudaDeviceReset) sets up afresh.
+// Runs with the call's context current (enter_* made it so).
 #pragma once
 
 #include <type_traits>

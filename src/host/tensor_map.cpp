@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "host/driver.h"
+#include "host/cuda.h"
 #include "host/status.h"
 
 namespace m3qkv::host {
@@ -22,13 +22,13 @@ m3qkv_status make_tensor_map_2d_u8(const char* fn, CUtensorMap* out, const char*
   if (box_inner < 1 || box_inner > 256 || box_outer < 1 || box_outer > 256 || box_inner % 16 != 0 ||
       (swizzle == CU_TENSOR_MAP_SWIZZLE_128B && box_inner > 128))
     return fail(M3QKV_ERROR_INTERNAL, "%s: tensor map of %s: invalid TMA box %u x %u", fn, what, box_inner, box_outer);
-  const Driver* drv = nullptr;
-  M3QKV_TRY(driver(fn, &drv));
+  const Cuda* c = nullptr;
+  M3QKV_TRY(cuda(fn, &c));
   const cuuint64_t dims[2] = {inner, outer};
   const cuuint64_t strides[1] = {outer_stride_bytes};
   const cuuint32_t box[2] = {box_inner, box_outer};
   const cuuint32_t elem_strides[2] = {1, 1};
-  const CUresult r = drv->tensor_map_encode_tiled(out, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims,
+  const CUresult r = c->tensor_map_encode_tiled(out, CU_TENSOR_MAP_DATA_TYPE_UINT8, 2, const_cast<void*>(base), dims,
                                                   strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                                                   CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {

@@ -2,15 +2,15 @@
 //
 // A test TU defines M3QKV_WITH_PORTABLE / M3QKV_WITH_SM90 / M3QKV_WITH_SM100
 // (and optionally M3QKV_HAVE_SM90_KERNEL) plus DISPATCH_PREFIX, then includes
-// this header. It compiles its own copy of api.cpp and src/host/device.cpp in which
-//   - the CUDA runtime calls are replaced by a scripted fake device table,
+// this header. It compiles its own copy of api.cpp in which
 //   - the backend launchers / warmups are replaced by recorders,
 //   - the entry points are renamed DISPATCH_PREFIX##<name> so several copies
 //     (one per build configuration) link into one test binary next to the
 //     real library.
-// Validation (validate.cpp) and error reporting (status.cpp) are the real ones
-// from m3qkv_static. Nothing here touches a real GPU, so these tests behave
-// the same on CPU-only and GPU machines.
+// The host layer (validation, errors, contexts, device facts) is the real one
+// from m3qkv_static, running on the scripted CUDA of fake_cuda.h, which the
+// suite's fixture installs. Nothing here touches a real GPU, so these tests
+// behave the same on CPU-only and GPU machines.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "api/internal.h"
+#include "fake_cuda.h"
 #include "host/device.h"
 #include "host/status.h"
 #include "host/validate.h"
@@ -37,64 +38,6 @@
 #endif
 
 namespace {
-
-// ---------------------------------------------------------------------------
-// Scripted CUDA runtime.
-// ---------------------------------------------------------------------------
-struct FakeCuda {
-  std::mutex mu;
-  // Compute capability of each fake device ordinal (enum FakeDevice below).
-  std::vector<std::pair<int, int>> cc = {{7, 5}, {8, 0}, {8, 6}, {9, 0}, {10, 0}, {10, 3}, {12, 0}};
-  int current = 1;
-  cudaError_t get_device_err = cudaSuccess;
-  cudaError_t get_count_err = cudaSuccess;
-  cudaError_t set_device_err = cudaSuccess;
-  int attr_fail_device = -1;  // cudaDeviceGetAttribute fails for this ordinal
-  std::atomic<int> attr_calls{0};
-  std::atomic<int> get_device_calls{0};
-  std::vector<int> set_device_log;
-};
-FakeCuda& fake_cuda() {
-  static FakeCuda f;
-  return f;
-}
-
-cudaError_t fake_cudaGetDevice(int* d) {
-  auto& f = fake_cuda();
-  f.get_device_calls++;
-  if (f.get_device_err != cudaSuccess) return f.get_device_err;
-  *d = f.current;
-  return cudaSuccess;
-}
-cudaError_t fake_cudaSetDevice(int d) {
-  auto& f = fake_cuda();
-  std::lock_guard<std::mutex> lock(f.mu);
-  if (f.set_device_err != cudaSuccess) return f.set_device_err;
-  f.set_device_log.push_back(d);
-  f.current = d;
-  return cudaSuccess;
-}
-cudaError_t fake_cudaGetDeviceCount(int* n) {
-  auto& f = fake_cuda();
-  if (f.get_count_err != cudaSuccess) return f.get_count_err;
-  *n = static_cast<int>(f.cc.size());
-  return cudaSuccess;
-}
-cudaError_t fake_cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int d) {
-  auto& f = fake_cuda();
-  f.attr_calls++;
-  if (d == f.attr_fail_device) return cudaErrorInvalidValue;
-  if (d < 0 || d >= static_cast<int>(f.cc.size())) return cudaErrorInvalidDevice;
-  switch (attr) {
-    case cudaDevAttrComputeCapabilityMajor: *v = f.cc[d].first; break;
-    case cudaDevAttrComputeCapabilityMinor: *v = f.cc[d].second; break;
-    case cudaDevAttrMultiProcessorCount: *v = 100 + d; break;
-    case cudaDevAttrL2CacheSize: *v = (1 << 20) * (d + 1); break;
-    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 1000 * (d + 1); break;
-    default: *v = 0; break;
-  }
-  return cudaSuccess;
-}
 
 // ---------------------------------------------------------------------------
 // Recording launchers.
@@ -160,11 +103,6 @@ namespace {
 #define DISPATCH_CAT2(a, b) a##b
 #define DISPATCH_CAT(a, b) DISPATCH_CAT2(a, b)
 
-#define cudaGetDevice fake_cudaGetDevice
-#define cudaSetDevice fake_cudaSetDevice
-#define cudaGetDeviceCount fake_cudaGetDeviceCount
-#define cudaDeviceGetAttribute fake_cudaDeviceGetAttribute
-
 #define portable_fused fake_portable_fused
 #define portable_gemm fake_portable_gemm
 #define portable_insert fake_portable_insert
@@ -182,16 +120,9 @@ namespace {
 #define m3qkv_mxfp8_quantize DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_quantize)
 #define m3qkv_backend DISPATCH_CAT(DISPATCH_PREFIX, backend)
 #define m3qkv_warmup DISPATCH_CAT(DISPATCH_PREFIX, warmup)
-#define query_device DISPATCH_CAT(DISPATCH_PREFIX, query_device)
-#define current_device_info DISPATCH_CAT(DISPATCH_PREFIX, current_device_info)
 
-#include "host/device.cpp"
 #include "api/api.cpp"
 
-#undef cudaGetDevice
-#undef cudaSetDevice
-#undef cudaGetDeviceCount
-#undef cudaDeviceGetAttribute
 #undef portable_fused
 #undef portable_gemm
 #undef portable_insert
@@ -208,8 +139,6 @@ namespace {
 #undef m3qkv_mxfp8_quantize
 #undef m3qkv_backend
 #undef m3qkv_warmup
-#undef query_device
-#undef current_device_info
 
 // Handles on this configuration's copy of the entry points.
 namespace {
@@ -226,7 +155,7 @@ struct Under {
   static m3qkv_status quantize(const m3qkv_quantize_args* a) { return DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_quantize)(a, nullptr); }
   static m3qkv_status backend(int d, m3qkv_backend_kind* k) { return DISPATCH_CAT(DISPATCH_PREFIX, backend)(d, k); }
   static m3qkv_status warmup(int d) { return DISPATCH_CAT(DISPATCH_PREFIX, warmup)(d); }
-  static m3qkv_status query(int d, m3qkv::DeviceInfo* out) { return m3qkv::DISPATCH_CAT(DISPATCH_PREFIX, query_device)(d, out, "m3qkv"); }
+  static m3qkv_status query(int d, m3qkv::DeviceInfo* out) { return m3qkv::query_device(d, out); }
 };
 
 // Fake but aligned pointers (never dereferenced: the launchers are recorders)
@@ -261,18 +190,6 @@ inline int fresh_device(int major, int minor) {
   std::lock_guard<std::mutex> lock(f.mu);
   f.cc.emplace_back(major, minor);
   return static_cast<int>(f.cc.size()) - 1;
-}
-
-// Resets the scripted state before each test.
-inline void reset_fakes() {
-  auto& f = fake_cuda();
-  f.current = kCC80;
-  f.get_device_err = cudaSuccess;
-  f.get_count_err = cudaSuccess;
-  f.set_device_err = cudaSuccess;
-  f.attr_fail_device = -1;
-  f.set_device_log.clear();
-  launch_log().reset();
 }
 
 inline bool contains(const std::string& s, const std::string& needle) { return s.find(needle) != std::string::npos; }

@@ -54,8 +54,9 @@ std::string why_none(int d) {
 
 class DISPATCH_SUITE : public testing::Test {
  protected:
-  void SetUp() override { reset_fakes(); }
-  void TearDown() override { reset_fakes(); }
+  void SetUp() override { launch_log().reset(); }
+  void TearDown() override { launch_log().reset(); }
+  FakeCudaInstall cuda_;
 };
 
 TEST_F(DISPATCH_SUITE, BackendQueryPerDevice) {
@@ -81,7 +82,7 @@ TEST_F(DISPATCH_SUITE, FusedDispatchesPerDevice) {
   const m3qkv_fused_args a = good_fused();
   for (int d = 0; d < kNumFake; ++d) {
     SCOPED_TRACE("device " + std::to_string(d));
-    fake_cuda().current = d;
+    fake_set_current_device(d);
     launch_log().reset();
     const m3qkv_backend_kind want = expected_fused(d);
     const m3qkv_status st = Under::testing_fused(&a, tap, M3QKV_BACKEND_NONE, stream);
@@ -117,7 +118,7 @@ TEST_F(DISPATCH_SUITE, UnfusedOpsUseThePortableKernels) {
   const m3qkv_quantize_args q = good_quantize();
   for (int d = 0; d < kNumFake; ++d) {
     SCOPED_TRACE("device " + std::to_string(d));
-    fake_cuda().current = d;
+    fake_set_current_device(d);
     launch_log().reset();
     const bool ok = can_run(M3QKV_BACKEND_PORTABLE, d);
     const m3qkv_status want = ok ? M3QKV_SUCCESS : M3QKV_ERROR_UNSUPPORTED_DEVICE;
@@ -144,7 +145,7 @@ TEST_F(DISPATCH_SUITE, ForcedBackends) {
   for (int d = 0; d < kNumFake; ++d) {
     for (m3qkv_backend_kind b : {M3QKV_BACKEND_PORTABLE, M3QKV_BACKEND_SM90, M3QKV_BACKEND_SM100}) {
       SCOPED_TRACE("device " + std::to_string(d) + ", force " + m3qkv_backend_name(b));
-      fake_cuda().current = d;
+      fake_set_current_device(d);
       launch_log().reset();
       const m3qkv_status st = Under::testing_fused(&a, nullptr, b);
       if (can_run(b, d)) {
@@ -163,7 +164,7 @@ TEST_F(DISPATCH_SUITE, ForcedBackends) {
 }
 
 TEST_F(DISPATCH_SUITE, EmptyOrInvalidCallsNeverTouchTheDevice) {
-  const int before = fake_cuda().get_device_calls.load();
+  const int before = fake_cuda().calls.load();
   m3qkv_fused_args a = good_fused();
   a.m = 0;
   a.xq = nullptr;
@@ -177,31 +178,54 @@ TEST_F(DISPATCH_SUITE, EmptyOrInvalidCallsNeverTouchTheDevice) {
   m3qkv_quantize_args q = good_quantize();
   q.xsf = dptr<char>(2) + 1;
   EXPECT_EQ(Under::quantize(&q), M3QKV_ERROR_MISALIGNED);
-  EXPECT_EQ(fake_cuda().get_device_calls.load(), before);
+  EXPECT_EQ(fake_cuda().calls.load(), before) << "a call that launches nothing reached CUDA";
   EXPECT_TRUE(launch_log().all.empty());
 }
 
 TEST_F(DISPATCH_SUITE, CudaErrorsAreReported) {
   const m3qkv_fused_args a = good_fused();
-  fake_cuda().get_device_err = cudaErrorInitializationError;
+  const int consumed = fake_cuda().get_last_error_calls.load();
+  fake_cuda().ctx_get_current_err = CUDA_ERROR_NOT_INITIALIZED;
   EXPECT_EQ(Under::fused(&a), M3QKV_ERROR_CUDA_ERROR);
-  const std::string msg = m3qkv_last_error();
-  EXPECT_TRUE(contains(msg, "m3qkv_fused_qkv: cudaGetDevice")) << msg;
-  EXPECT_TRUE(contains(msg, "cudaErrorInitializationError")) << msg;
+  std::string msg = m3qkv_last_error();
+  EXPECT_TRUE(contains(msg, "m3qkv_fused_qkv: c->ctx_get_current(&cur) failed: CUDA_ERROR_FAKE")) << msg;
+  EXPECT_EQ(fake_cuda().get_last_error_calls.load(), consumed) << "a driver error touched the runtime's last error";
+  fake_cuda().ctx_get_current_err = CUDA_SUCCESS;
 
+  // A runtime error is cleared after it is reported (host/status.h rule).
+  m3qkv::host::testing_install_cuda(&fake_table());  // forget that the runtime was seen working
+  fake_cuda().get_count_err = cudaErrorInitializationError;
+  EXPECT_EQ(Under::fused(&a), M3QKV_ERROR_CUDA_ERROR);
+  msg = m3qkv_last_error();
+  EXPECT_TRUE(contains(msg, "m3qkv_fused_qkv: c.get_device_count(&count) failed: cudaErrorInitializationError"))
+      << msg;
+  EXPECT_GT(fake_cuda().get_last_error_calls.load(), consumed) << "the CUDA error was left pending";
+
+  // No device: the message says so, whatever the runtime's wording.
   for (cudaError_t e : {cudaErrorNoDevice, cudaErrorInsufficientDriver, cudaErrorStubLibrary}) {
-    fake_cuda().get_device_err = e;
+    fake_cuda().get_count_err = e;
     EXPECT_EQ(Under::fused(&a), M3QKV_ERROR_UNSUPPORTED_DEVICE) << cudaGetErrorName(e);
-    EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_fused_qkv: no CUDA device is available")) << m3qkv_last_error();
+    EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_fused_qkv: the CUDA driver is too old") ||
+                contains(m3qkv_last_error(), "m3qkv_fused_qkv: no CUDA driver or GPU was found"))
+        << m3qkv_last_error();
   }
-  fake_cuda().get_device_err = cudaSuccess;
+  fake_cuda().get_count_err = cudaErrorInsufficientDriver;
+  fake_cuda().driver_version = 0;  // cudaDriverGetVersion's answer without a driver
+  EXPECT_EQ(Under::fused(&a), M3QKV_ERROR_UNSUPPORTED_DEVICE);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "no CUDA driver or GPU was found: no CUDA driver is installed"))
+      << m3qkv_last_error();
+  fake_cuda().driver_version = 12020;  // a real driver, older than the runtime
+  EXPECT_EQ(Under::fused(&a), M3QKV_ERROR_UNSUPPORTED_DEVICE);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "the CUDA driver is too old: the installed driver supports CUDA 12.2"))
+      << m3qkv_last_error();
+  fake_cuda().get_count_err = cudaSuccess;
 
   // A failing attribute query is reported and not cached.
   const int kFailing = fresh_device(8, 0);
   fake_cuda().attr_fail_device = kFailing;
   m3qkv_backend_kind k = M3QKV_BACKEND_SM100;
   EXPECT_EQ(Under::backend(kFailing, &k), M3QKV_ERROR_CUDA_ERROR);
-  EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_backend: cudaDeviceGetAttribute")) << m3qkv_last_error();
+  EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_backend: c.device_get_attribute")) << m3qkv_last_error();
   EXPECT_TRUE(contains(m3qkv_last_error(), "cudaErrorInvalidValue")) << m3qkv_last_error();
   EXPECT_EQ(k, M3QKV_BACKEND_NONE);
   fake_cuda().attr_fail_device = -1;
@@ -242,7 +266,7 @@ TEST_F(DISPATCH_SUITE, DeviceCacheIsThreadSafe) {
 }
 
 TEST_F(DISPATCH_SUITE, LauncherFailureIsReturnedAsIs) {
-  fake_cuda().current = kCC80;
+  fake_set_current_device(kCC80);
   launch_log().result = M3QKV_ERROR_CUDA_ERROR;
   const m3qkv_fused_args a = good_fused();
   const m3qkv_status st = Under::fused(&a);
@@ -257,15 +281,20 @@ TEST_F(DISPATCH_SUITE, LauncherFailureIsReturnedAsIs) {
 TEST_F(DISPATCH_SUITE, WarmupPerDevice) {
   for (int d = 0; d < kNumFake; ++d) {
     SCOPED_TRACE("device " + std::to_string(d));
-    reset_fakes();
-    fake_cuda().current = kCC86;  // the caller's device, restored afterwards
+    reset_fake_cuda();
+    launch_log().reset();
+    fake_set_current_device(kCC86);  // the caller's device, restored afterwards
+    const size_t callers = current_ctx();
     const m3qkv_backend_kind fused = expected_fused(d);
     const m3qkv_status st = Under::warmup(d);
+    EXPECT_TRUE(fake_cuda().set_device_log.empty()) << "warmup changed the runtime's current device";
+    EXPECT_EQ(current_ctx(), callers);
+    EXPECT_EQ(t_ctx_stack.size(), 1u);
     if (fused == M3QKV_BACKEND_NONE) {
       EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE);
       EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_warmup: ")) << m3qkv_last_error();
       EXPECT_TRUE(launch_log().all.empty());
-      EXPECT_TRUE(fake_cuda().set_device_log.empty());
+      EXPECT_TRUE(fake_cuda().retain_log.empty());
       continue;
     }
     ASSERT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
@@ -276,18 +305,68 @@ TEST_F(DISPATCH_SUITE, WarmupPerDevice) {
       want.push_back("sm100_warmup");
     EXPECT_EQ(launch_log().all, want);
     EXPECT_EQ(launch_log().dev.device, d);
-    EXPECT_EQ(fake_cuda().set_device_log, (std::vector<int>{d, kCC86}));
-    EXPECT_EQ(fake_cuda().current, kCC86);
-  }
-  reset_fakes();
-  fake_cuda().set_device_err = cudaErrorDevicesUnavailable;
-  const m3qkv_status st = Under::warmup(kCC100);
-  if (expected_fused(kCC100) != M3QKV_BACKEND_NONE) {
-    EXPECT_EQ(st, M3QKV_ERROR_CUDA_ERROR);
-    EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_warmup: cudaSetDevice")) << m3qkv_last_error();
-    EXPECT_TRUE(launch_log().all.empty());
+    EXPECT_NE(launch_log().dev.context, nullptr);
+    // Only device d's primary context was touched.
+    EXPECT_EQ(fake_cuda().retain_log, std::vector<int>{d});
   }
   EXPECT_EQ(Under::warmup(-1), M3QKV_ERROR_INVALID_ARGUMENT);
+}
+
+// A thread that never touched CUDA: warmup(d) leaves it without a current
+// context and with its runtime device unset (no context on device 0 either).
+TEST_F(DISPATCH_SUITE, WarmupFromAFreshThreadLeavesNoContext) {
+  const int d = kCC103;
+  if (expected_fused(d) == M3QKV_BACKEND_NONE) GTEST_SKIP() << "no backend for the device in this configuration";
+  std::thread t([&] {
+    ASSERT_EQ(current_ctx(), 0u);
+    EXPECT_EQ(Under::warmup(d), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(current_ctx(), 0u);
+    EXPECT_EQ(t_runtime_device, -1);
+  });
+  t.join();
+  EXPECT_TRUE(fake_cuda().set_device_log.empty());
+  EXPECT_EQ(fake_cuda().retain_log, std::vector<int>{d});
+}
+
+// The call's device is its stream's: a stream of another device's context is
+// launched with that context current, and the caller's context is back after.
+TEST_F(DISPATCH_SUITE, StreamOfAnotherDeviceRunsOnThatDevice) {
+  fake_set_current_device(kCC80);
+  const size_t callers = current_ctx();
+  const int other = kCC90;
+  const cudaStream_t s = fake_cuda().new_stream([&] {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    return fake_cuda().primary_of(other);
+  }());
+  const m3qkv_fused_args a = good_fused();
+  const m3qkv_status st = Under::fused(&a, s);
+  if (expected_fused(other) == M3QKV_BACKEND_NONE) {
+    EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+  } else {
+    ASSERT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(launch_log().last, fused_launcher(expected_fused(other)));
+    EXPECT_EQ(launch_log().dev.device, other);
+    EXPECT_EQ(launch_log().stream, s);
+  }
+  EXPECT_EQ(current_ctx(), callers);
+  EXPECT_EQ(t_ctx_stack.size(), 1u);
+}
+
+// A thread without a context calling on the NULL stream gets the runtime's
+// current device's primary context, as the launch itself would.
+TEST_F(DISPATCH_SUITE, FreshThreadOnTheNullStreamUsesTheCurrentDevice) {
+  fake_cuda().default_device = kCC86;
+  std::thread t([] {
+    const m3qkv_gemm_args g = good_gemm();
+    const m3qkv_status st = Under::gemm(&g);
+    if (!can_run(M3QKV_BACKEND_PORTABLE, kCC86)) return;
+    EXPECT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(launch_log().dev.device, kCC86);
+    EXPECT_NE(current_ctx(), 0u);
+  });
+  t.join();
+  if (can_run(M3QKV_BACKEND_PORTABLE, kCC86)) EXPECT_EQ(fake_cuda().set_device_log, std::vector<int>{kCC86});
+  fake_cuda().default_device = 0;
 }
 
 }  // namespace

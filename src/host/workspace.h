@@ -1,0 +1,38 @@
+// Device workspace per (context, stream), for kernels that need scratch
+// memory across CTAs (split-K arrival counters and partial sums).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "host/device.h"
+
+namespace m3qkv::host {
+
+// Bytes at the start of every workspace that are zero when it is handed out
+// for the first time: kernels keep counters there and leave them zero.
+constexpr size_t kWorkspaceZeroBytes = size_t{64} << 10;
+
+// *out = a device buffer of at least `bytes` bytes owned by m3qkv for the
+// pair (dev.context, stream), where the stream is named by its
+// cudaStreamGetId (unique in the process, unlike handles, which are reused).
+//  - Its first min(kWorkspaceZeroBytes, size) bytes were zeroed when it was
+//    allocated (synchronously: they are zero before any later work on any
+//    stream); the rest holds whatever earlier calls left.
+//  - Grown on demand (to max(bytes, 2 x the old size)). The outgrown buffer
+//    is kept, not freed: a CUDA graph captured earlier may still use it, and
+//    the library cannot know when the last replay is done. Buffers live as
+//    long as their context (a stream never seen again keeps its buffer).
+//  - Legal during stream capture: the allocation runs with the thread's
+//    capture mode exchanged to relaxed (cudaThreadExchangeStreamCaptureMode,
+//    the CUDA-documented way for a library to cudaMalloc while a capture is
+//    open), and the zeroing runs on a non-blocking stream of m3qkv's own, so
+//    nothing joins the captured stream. cudaMallocAsync on the stream would
+//    make a graph-owned allocation that a later direct call could not use.
+//  - Thread-safe; once a stream's buffer is large enough a call allocates
+//    nothing and takes no lock on the thread that used it last (O(1) otherwise).
+// Call with dev from enter_* (its context current).
+m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out);
+
+}  // namespace m3qkv::host

@@ -1,0 +1,323 @@
+#pragma once
+// A scripted CUDA runtime + driver for the CPU tests, installed into the host
+// layer with m3qkv::host::testing_install_cuda (src/host/cuda.h). It models
+// what the host layer relies on: device ordinals with compute capabilities,
+// one primary context per device (a new id after reset_primary, as after
+// cudaDeviceReset), created contexts, a per-thread context stack, streams
+// that belong to a context, device allocations, and injected errors. Nothing
+// here touches a real GPU. One instance per translation unit (anonymous
+// namespace); FakeCudaInstall puts it in and takes it out again.
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "host/cuda.h"
+
+namespace {
+
+struct FakeContext {
+  int device;
+  unsigned long long id;
+};
+
+struct FakeCuda {
+  std::mutex mu;
+  // Compute capability of each fake device ordinal.
+  std::vector<std::pair<int, int>> cc = {{7, 5}, {8, 0}, {8, 6}, {9, 0}, {10, 0}, {10, 3}, {12, 0}};
+  // Context handles are indices + 1 into `contexts` (0 = no context).
+  std::vector<FakeContext> contexts;
+  std::map<int, size_t> primary;           // device -> its primary context handle
+  std::map<cudaStream_t, size_t> streams;  // stream -> context handle
+  unsigned long long next_id = 100;
+  uintptr_t next_alloc = uintptr_t{1} << 40;
+  int default_device = 0;  // the runtime's device of a thread that never set one
+
+  // Injected errors.
+  cudaError_t get_device_err = cudaSuccess;
+  cudaError_t get_count_err = cudaSuccess;
+  cudaError_t set_device_err = cudaSuccess;
+  cudaError_t malloc_err = cudaSuccess;
+  CUresult ctx_get_current_err = CUDA_SUCCESS;
+  int attr_fail_device = -1;  // cudaDeviceGetAttribute fails for this ordinal
+  int driver_version = 13000;
+
+  // Counters and logs.
+  std::atomic<int> calls{0};  // every call into the table
+  std::atomic<int> attr_calls{0};
+  std::atomic<int> get_last_error_calls{0};
+  std::vector<int> set_device_log;
+  std::vector<int> retain_log;
+  std::vector<std::pair<void*, size_t>> mallocs;
+  std::vector<std::pair<void*, size_t>> memsets;
+  std::vector<cudaStreamCaptureMode> capture_modes;  // modes passed to exchange_capture_mode
+  int streams_created = 0;
+
+  size_t new_context(int device) {
+    contexts.push_back(FakeContext{device, next_id++});
+    return contexts.size();
+  }
+  size_t primary_of(int device) {
+    auto it = primary.find(device);
+    if (it == primary.end()) it = primary.emplace(device, new_context(device)).first;
+    return it->second;
+  }
+  // As cudaDeviceReset: the primary context is re-created with a new id.
+  void reset_primary(int device) {
+    std::lock_guard<std::mutex> lock(mu);
+    contexts[primary_of(device) - 1].id = next_id++;
+  }
+  cudaStream_t new_stream(size_t ctx) {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto s = reinterpret_cast<cudaStream_t>(uintptr_t{0x5000} + 16 * streams.size());
+    streams[s] = ctx;
+    return s;
+  }
+};
+
+FakeCuda& fake_cuda() {
+  static FakeCuda f;
+  return f;
+}
+
+// The calling thread's context stack (the top is current).
+thread_local std::vector<size_t> t_ctx_stack;
+thread_local int t_runtime_device = -1;  // set by set_device
+
+CUcontext handle(size_t c) { return reinterpret_cast<CUcontext>(c); }
+size_t index_of(CUcontext c) { return reinterpret_cast<size_t>(c); }
+size_t current_ctx() { return t_ctx_stack.empty() ? 0 : t_ctx_stack.back(); }
+
+// Makes device d's primary context the calling thread's only context.
+void fake_set_current_device(int d) {
+  std::lock_guard<std::mutex> lock(fake_cuda().mu);
+  t_ctx_stack.assign(1, fake_cuda().primary_of(d));
+  t_runtime_device = d;
+}
+
+cudaError_t f_get_last_error() {
+  fake_cuda().calls++;
+  fake_cuda().get_last_error_calls++;
+  return cudaSuccess;
+}
+cudaError_t f_get_device_count(int* n) {
+  auto& f = fake_cuda();
+  f.calls++;
+  if (f.get_count_err != cudaSuccess) return f.get_count_err;
+  *n = static_cast<int>(f.cc.size());
+  return cudaSuccess;
+}
+cudaError_t f_get_device(int* d) {
+  auto& f = fake_cuda();
+  f.calls++;
+  if (f.get_device_err != cudaSuccess) return f.get_device_err;
+  std::lock_guard<std::mutex> lock(f.mu);
+  const size_t c = current_ctx();
+  *d = c ? f.contexts[c - 1].device : (t_runtime_device >= 0 ? t_runtime_device : f.default_device);
+  return cudaSuccess;
+}
+cudaError_t f_set_device(int d) {
+  auto& f = fake_cuda();
+  f.calls++;
+  if (f.set_device_err != cudaSuccess) return f.set_device_err;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.set_device_log.push_back(d);
+  t_runtime_device = d;
+  const size_t p = f.primary_of(d);
+  if (t_ctx_stack.empty()) t_ctx_stack.push_back(p);
+  else t_ctx_stack.back() = p;
+  return cudaSuccess;
+}
+cudaError_t f_device_get_attribute(int* v, cudaDeviceAttr attr, int d) {
+  auto& f = fake_cuda();
+  f.calls++;
+  f.attr_calls++;
+  if (d == f.attr_fail_device) return cudaErrorInvalidValue;
+  if (d < 0 || d >= static_cast<int>(f.cc.size())) return cudaErrorInvalidDevice;
+  switch (attr) {
+    case cudaDevAttrComputeCapabilityMajor: *v = f.cc[static_cast<size_t>(d)].first; break;
+    case cudaDevAttrComputeCapabilityMinor: *v = f.cc[static_cast<size_t>(d)].second; break;
+    case cudaDevAttrMultiProcessorCount: *v = 100 + d; break;
+    case cudaDevAttrL2CacheSize: *v = (1 << 20) * (d + 1); break;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin: *v = 1000 * (d + 1); break;
+    default: *v = 0; break;
+  }
+  return cudaSuccess;
+}
+cudaError_t f_driver_get_version(int* v) {
+  fake_cuda().calls++;
+  *v = fake_cuda().driver_version;
+  return cudaSuccess;
+}
+cudaError_t f_stream_get_id(cudaStream_t s, unsigned long long* id) {
+  fake_cuda().calls++;
+  // Default streams: one per context (NULL and legacy alike), per thread for per-thread.
+  if (s == nullptr || s == cudaStreamLegacy) *id = 1000000 + current_ctx();
+  else if (s == cudaStreamPerThread) *id = 2000000 + reinterpret_cast<uintptr_t>(&t_ctx_stack) % 1000000;
+  else *id = reinterpret_cast<uintptr_t>(s);
+  return cudaSuccess;
+}
+cudaError_t f_malloc(void** p, size_t bytes) {
+  auto& f = fake_cuda();
+  f.calls++;
+  if (f.malloc_err != cudaSuccess) return f.malloc_err;
+  std::lock_guard<std::mutex> lock(f.mu);
+  *p = reinterpret_cast<void*>(f.next_alloc);
+  f.next_alloc += (bytes + 0xFFFF) / 0x10000 * 0x10000;
+  f.mallocs.emplace_back(*p, bytes);
+  return cudaSuccess;
+}
+cudaError_t f_memset_async(void* p, int, size_t bytes, cudaStream_t) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.memsets.emplace_back(p, bytes);
+  return cudaSuccess;
+}
+cudaError_t f_stream_create_with_flags(cudaStream_t* s, unsigned) {
+  fake_cuda().calls++;
+  *s = fake_cuda().new_stream(current_ctx());
+  std::lock_guard<std::mutex> lock(fake_cuda().mu);
+  fake_cuda().streams_created++;
+  return cudaSuccess;
+}
+cudaError_t f_stream_synchronize(cudaStream_t) {
+  fake_cuda().calls++;
+  return cudaSuccess;
+}
+thread_local cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
+cudaError_t f_exchange_capture_mode(cudaStreamCaptureMode* mode) {
+  fake_cuda().calls++;
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().capture_modes.push_back(*mode);
+  }
+  std::swap(*mode, t_capture_mode);
+  return cudaSuccess;
+}
+
+CUresult f_get_error_name(CUresult, const char** s) {
+  *s = "CUDA_ERROR_FAKE";
+  return CUDA_SUCCESS;
+}
+CUresult f_ctx_get_current(CUcontext* c) {
+  auto& f = fake_cuda();
+  f.calls++;
+  if (f.ctx_get_current_err != CUDA_SUCCESS) return f.ctx_get_current_err;
+  *c = handle(current_ctx());
+  return CUDA_SUCCESS;
+}
+CUresult f_ctx_push_current(CUcontext c) {
+  fake_cuda().calls++;
+  t_ctx_stack.push_back(index_of(c));
+  return CUDA_SUCCESS;
+}
+CUresult f_ctx_pop_current(CUcontext* c) {
+  fake_cuda().calls++;
+  if (t_ctx_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  *c = handle(t_ctx_stack.back());
+  t_ctx_stack.pop_back();
+  return CUDA_SUCCESS;
+}
+CUresult f_ctx_get_id(CUcontext c, unsigned long long* id) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  const size_t i = index_of(c);
+  if (i == 0 || i > f.contexts.size()) return CUDA_ERROR_INVALID_CONTEXT;
+  *id = f.contexts[i - 1].id;
+  return CUDA_SUCCESS;
+}
+CUresult f_ctx_get_device(CUdevice* d) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  const size_t c = current_ctx();
+  if (c == 0) return CUDA_ERROR_INVALID_CONTEXT;
+  *d = f.contexts[c - 1].device;
+  return CUDA_SUCCESS;
+}
+CUresult f_stream_get_ctx(CUstream s, CUcontext* c) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  const auto it = f.streams.find(reinterpret_cast<cudaStream_t>(s));
+  // A stream the test did not make belongs to the current context.
+  *c = handle(it != f.streams.end() ? it->second : current_ctx());
+  return CUDA_SUCCESS;
+}
+CUresult f_primary_ctx_retain(CUcontext* c, CUdevice d) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.retain_log.push_back(d);
+  *c = handle(f.primary_of(d));
+  return CUDA_SUCCESS;
+}
+CUresult f_pointer_get_attributes(unsigned, CUpointer_attribute*, void**, CUdeviceptr) {
+  fake_cuda().calls++;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult f_tensor_map_encode_tiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                   CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
+  fake_cuda().calls++;
+  return CUDA_SUCCESS;
+}
+
+const m3qkv::host::Cuda& fake_table() {
+  static const m3qkv::host::Cuda t = {
+      &f_get_last_error, &f_get_device_count, &f_get_device, &f_set_device, &f_device_get_attribute,
+      &f_driver_get_version, &f_stream_get_id, &f_malloc, &f_memset_async, &f_stream_create_with_flags,
+      &f_stream_synchronize, &f_exchange_capture_mode,
+      true, &f_get_error_name, &f_ctx_get_current, &f_ctx_push_current, &f_ctx_pop_current, &f_ctx_get_id,
+      &f_ctx_get_device, &f_stream_get_ctx, &f_primary_ctx_retain, &f_pointer_get_attributes,
+      &f_tensor_map_encode_tiled,
+  };
+  return t;
+}
+
+// Resets the script to its defaults (the calling thread gets device 1's
+// primary context, like a caller that ran cudaSetDevice(1)) and installs it;
+// the destructor puts the real CUDA back.
+void reset_fake_cuda() {
+  auto& f = fake_cuda();
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    f.get_device_err = cudaSuccess;
+    f.get_count_err = cudaSuccess;
+    f.set_device_err = cudaSuccess;
+    f.malloc_err = cudaSuccess;
+    f.ctx_get_current_err = CUDA_SUCCESS;
+    f.attr_fail_device = -1;
+    f.driver_version = 13000;
+    f.set_device_log.clear();
+    f.retain_log.clear();
+    f.mallocs.clear();
+    f.memsets.clear();
+    f.capture_modes.clear();
+    f.streams_created = 0;
+  }
+  t_ctx_stack.clear();
+  t_runtime_device = -1;
+  fake_set_current_device(1);
+}
+
+struct FakeCudaInstall {
+  FakeCudaInstall() {
+    reset_fake_cuda();
+    m3qkv::host::testing_install_cuda(&fake_table());
+  }
+  ~FakeCudaInstall() {
+    m3qkv::host::testing_install_cuda(nullptr);
+    t_ctx_stack.clear();
+  }
+  FakeCudaInstall(const FakeCudaInstall&) = delete;
+  FakeCudaInstall& operator=(const FakeCudaInstall&) = delete;
+};
+
+}  // namespace

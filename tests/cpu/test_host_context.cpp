@@ -1,0 +1,243 @@
+// The host layer's context records, one-time setup and stream workspaces
+// (src/host/context.h, once.h, workspace.h) on the scripted CUDA of
+// fake_cuda.h: which context a call uses, that a new context (cuCtxCreate,
+// the primary context after cudaDeviceReset) gets fresh setup, that setup
+// runs once under concurrency and is retried after a failure, and the
+// workspace contract (size, zeroing, growth, capture mode, threads).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "fake_cuda.h"
+#include "host/context.h"
+#include "host/once.h"
+#include "host/workspace.h"
+
+namespace {
+
+using m3qkv::DeviceInfo;
+namespace host = m3qkv::host;
+
+class HostContext : public testing::Test {
+ protected:
+  FakeCudaInstall cuda_;
+
+  // enter_stream on `s` from this thread; the scope ends here.
+  DeviceInfo enter(cudaStream_t s = nullptr) {
+    host::ContextScope scope;
+    DeviceInfo d;
+    EXPECT_EQ(host::enter_stream("test", s, &scope, &d), M3QKV_SUCCESS) << m3qkv_last_error();
+    return d;
+  }
+};
+
+struct Counted {
+  int value = 0;
+};
+std::atomic<int> g_inits{0};
+
+m3qkv_status once_counted(const DeviceInfo& d, const Counted** out) {
+  return host::once("test", d, host::OnceSlot::kPortable, [](Counted* c) -> m3qkv_status {
+    c->value = ++g_inits;
+    return M3QKV_SUCCESS;
+  }, out);
+}
+
+TEST_F(HostContext, TheNullStreamUsesTheCurrentContext) {
+  const DeviceInfo d = enter();
+  EXPECT_EQ(d.device, 1);
+  EXPECT_EQ(d.num_sms, 101);
+  ASSERT_NE(d.context, nullptr);
+  EXPECT_EQ(enter(cudaStreamLegacy).context, d.context);
+  EXPECT_EQ(enter(cudaStreamPerThread).context, d.context);
+  fake_set_current_device(3);
+  const DeviceInfo d3 = enter();
+  EXPECT_EQ(d3.device, 3);
+  EXPECT_NE(d3.context, d.context);
+}
+
+TEST_F(HostContext, AStreamOfAnotherContextIsCurrentForTheScopeOnly) {
+  size_t other = 0;
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    other = fake_cuda().new_context(4);  // as cuCtxCreate on device 4
+  }
+  const cudaStream_t s = fake_cuda().new_stream(other);
+  const size_t callers = current_ctx();
+  {
+    host::ContextScope scope;
+    DeviceInfo d;
+    ASSERT_EQ(host::enter_stream("test", s, &scope, &d), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(d.device, 4);
+    EXPECT_EQ(current_ctx(), other);  // launches inside the scope go to the stream's context
+  }
+  EXPECT_EQ(current_ctx(), callers);
+  EXPECT_EQ(t_ctx_stack.size(), 1u);
+  // A stream of the current context pushes nothing.
+  const cudaStream_t mine = fake_cuda().new_stream(callers);
+  enter(mine);  // the first call in this context makes its record
+  const int calls = fake_cuda().calls.load();
+  enter(mine);
+  EXPECT_EQ(t_ctx_stack.size(), 1u);
+  EXPECT_LE(fake_cuda().calls.load() - calls, 3) << "the steady state costs more than 3 CUDA calls";
+}
+
+TEST_F(HostContext, ANewContextOnTheSameDeviceGetsFreshSetup) {
+  const DeviceInfo before = enter();
+  const Counted* c1 = nullptr;
+  ASSERT_EQ(once_counted(before, &c1), M3QKV_SUCCESS);
+  const Counted* again = nullptr;
+  ASSERT_EQ(once_counted(enter(), &again), M3QKV_SUCCESS);
+  EXPECT_EQ(again, c1) << "the setup of one context ran twice";
+
+  fake_cuda().reset_primary(1);  // cudaDeviceReset: same device, same handle, new context id
+  const DeviceInfo after = enter();
+  EXPECT_EQ(after.device, 1);
+  EXPECT_NE(after.context, before.context);
+  const Counted* c2 = nullptr;
+  ASSERT_EQ(once_counted(after, &c2), M3QKV_SUCCESS);
+  EXPECT_NE(c2, c1);
+  EXPECT_EQ(c2->value, c1->value + 1);
+}
+
+TEST_F(HostContext, SetupRunsOnceUnderConcurrentFirstCalls) {
+  fake_cuda().reset_primary(1);
+  const int before = g_inits.load();
+  std::vector<const Counted*> got(16, nullptr);
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t) {
+    threads.emplace_back([&, t] {
+      fake_set_current_device(1);
+      ready++;
+      while (ready.load() < static_cast<int>(got.size())) std::this_thread::yield();
+      host::ContextScope scope;
+      DeviceInfo d;
+      ASSERT_EQ(host::enter_stream("test", nullptr, &scope, &d), M3QKV_SUCCESS);
+      ASSERT_EQ(once_counted(d, &got[t]), M3QKV_SUCCESS);
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(g_inits.load(), before + 1);
+  for (const Counted* c : got) EXPECT_EQ(c, got[0]);
+}
+
+TEST_F(HostContext, FailedSetupIsRetried) {
+  const DeviceInfo d = enter();
+  int attempts = 0;
+  const auto init = [&](Counted*) -> m3qkv_status {
+    return ++attempts == 1 ? m3qkv::fail(M3QKV_ERROR_CUDA_ERROR, "test: scripted") : M3QKV_SUCCESS;
+  };
+  const Counted* c = nullptr;
+  EXPECT_EQ(host::once("test", d, host::OnceSlot::kSm90, init, &c), M3QKV_ERROR_CUDA_ERROR);
+  EXPECT_EQ(host::once("test", d, host::OnceSlot::kSm90, init, &c), M3QKV_SUCCESS);
+  EXPECT_EQ(host::once("test", d, host::OnceSlot::kSm90, init, &c), M3QKV_SUCCESS);
+  EXPECT_EQ(attempts, 2);
+  DeviceInfo no_context = d;
+  no_context.context = nullptr;
+  EXPECT_EQ(host::once("test", no_context, host::OnceSlot::kSm100, init, &c), M3QKV_ERROR_INTERNAL);
+}
+
+// ------------------------------------------------------------- workspaces
+void* workspace(const DeviceInfo& d, cudaStream_t s, size_t bytes) {
+  void* p = nullptr;
+  EXPECT_EQ(host::stream_workspace(d, s, bytes, &p), M3QKV_SUCCESS) << m3qkv_last_error();
+  return p;
+}
+
+TEST_F(HostContext, WorkspaceIsZeroedOnceAndReused) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s = fake_cuda().new_stream(current_ctx());
+  void* p = workspace(d, s, 1000);
+  ASSERT_EQ(fake_cuda().mallocs.size(), 1u);
+  EXPECT_EQ(fake_cuda().mallocs[0].first, p);
+  EXPECT_GE(fake_cuda().mallocs[0].second, 1000u);
+  ASSERT_EQ(fake_cuda().memsets.size(), 1u);
+  EXPECT_EQ(fake_cuda().memsets[0].first, p);
+  EXPECT_EQ(fake_cuda().memsets[0].second, fake_cuda().mallocs[0].second) << "a small buffer is zeroed whole";
+  const int calls = fake_cuda().calls.load();
+  EXPECT_EQ(workspace(d, s, 1000), p);
+  EXPECT_EQ(workspace(d, s, 10), p);
+  EXPECT_EQ(fake_cuda().mallocs.size(), 1u);
+  EXPECT_EQ(fake_cuda().memsets.size(), 1u);
+  EXPECT_EQ(fake_cuda().calls.load() - calls, 2) << "a warm workspace costs one cudaStreamGetId per call";
+}
+
+TEST_F(HostContext, WorkspaceGrowsAndKeepsTheOldBuffer) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s = fake_cuda().new_stream(current_ctx());
+  void* small = workspace(d, s, 4096);
+  void* big = workspace(d, s, size_t{1} << 20);
+  EXPECT_NE(big, small);
+  ASSERT_EQ(fake_cuda().mallocs.size(), 2u);
+  EXPECT_GE(fake_cuda().mallocs[1].second, size_t{1} << 20);
+  ASSERT_EQ(fake_cuda().memsets.size(), 2u);
+  EXPECT_EQ(fake_cuda().memsets[1].first, big);
+  EXPECT_EQ(fake_cuda().memsets[1].second, host::kWorkspaceZeroBytes) << "only the counter region is zeroed";
+  // Growth at least doubles, so a slowly growing request allocates rarely.
+  void* bigger = workspace(d, s, (size_t{1} << 20) + 1);
+  ASSERT_EQ(fake_cuda().mallocs.size(), 3u);
+  EXPECT_GE(fake_cuda().mallocs[2].second, size_t{2} << 20);
+  EXPECT_EQ(workspace(d, s, (size_t{2} << 20) - 1), bigger);
+  EXPECT_EQ(fake_cuda().mallocs.size(), 3u);
+  EXPECT_EQ(d.context->retired, (std::vector<void*>{small, big}));
+}
+
+TEST_F(HostContext, WorkspacePerStreamAndPerContext) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s1 = fake_cuda().new_stream(current_ctx());
+  const cudaStream_t s2 = fake_cuda().new_stream(current_ctx());
+  void* a = workspace(d, s1, 256);
+  void* b = workspace(d, s2, 256);
+  void* legacy = workspace(d, nullptr, 256);
+  EXPECT_EQ(std::set<void*>({a, b, legacy}).size(), 3u);
+  EXPECT_EQ(workspace(d, s1, 256), a);
+  fake_cuda().reset_primary(1);
+  const DeviceInfo fresh = enter();
+  void* c = workspace(fresh, s1, 256);
+  EXPECT_NE(c, a) << "a buffer of a dead context was handed out";
+}
+
+TEST_F(HostContext, WorkspaceAllocationRelaxesTheCaptureMode) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s = fake_cuda().new_stream(current_ctx());
+  workspace(d, s, 256);
+  ASSERT_EQ(fake_cuda().capture_modes.size(), 2u);
+  EXPECT_EQ(fake_cuda().capture_modes[0], cudaStreamCaptureModeRelaxed);
+  EXPECT_EQ(fake_cuda().capture_modes[1], cudaStreamCaptureModeGlobal) << "the thread's mode was not restored";
+  EXPECT_EQ(t_capture_mode, cudaStreamCaptureModeGlobal);
+  // The zeroing ran on m3qkv's own stream, never on the caller's.
+  EXPECT_EQ(fake_cuda().streams_created, 1);
+  workspace(d, fake_cuda().new_stream(current_ctx()), 256);
+  EXPECT_EQ(fake_cuda().streams_created, 1) << "one zeroing stream per context";
+}
+
+TEST_F(HostContext, WorkspaceFailureIsReportedAndRetried) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s = fake_cuda().new_stream(current_ctx());
+  fake_cuda().malloc_err = cudaErrorMemoryAllocation;
+  void* p = nullptr;
+  EXPECT_EQ(host::stream_workspace(d, s, 256, &p), M3QKV_ERROR_CUDA_ERROR);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("cudaErrorMemoryAllocation"), std::string::npos)
+      << m3qkv_last_error();
+  EXPECT_EQ(t_capture_mode, cudaStreamCaptureModeGlobal) << "a failure left the capture mode relaxed";
+  fake_cuda().malloc_err = cudaSuccess;
+  EXPECT_NE(workspace(d, s, 256), nullptr);
+}
+
+TEST_F(HostContext, WorkspaceUnderConcurrentFirstCalls) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s = fake_cuda().new_stream(current_ctx());
+  std::vector<void*> got(16, nullptr);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < got.size(); ++t) threads.emplace_back([&, t] { got[t] = workspace(d, s, 8192); });
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(fake_cuda().mallocs.size(), 1u);
+  for (void* p : got) EXPECT_EQ(p, got[0]);
+}
+
+}  // namespace
