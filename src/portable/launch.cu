@@ -3,14 +3,12 @@
 // serialization attribute is set on CC >= 9.0 (the kernels call
 // griddepcontrol.wait before reading any input). `grid` (fused, gemm,
 // insert): the kernels loop over their work items with a grid stride, so any
-// grid >= 1 is correct; 0 = one CTA per tile (fused, gemm) or enough CTAs for
-// one item per thread (insert).
-#include <climits>
-
+// grid >= 1 is correct; plan.h turns it into the CTA count.
 #include "host/launch.h"
 #include "host/once.h"
 #include "portable/kernels.cuh"
 #include "portable/mainloop.cuh"
+#include "portable/plan.h"
 #include "portable/portable.h"
 
 namespace m3qkv {
@@ -36,13 +34,6 @@ m3qkv_status ensure_smem_attributes(const char* fn, const DeviceInfo& dev) {
                                             kSmemBytes));
     return M3QKV_SUCCESS;
   }, &setup);
-}
-
-// Grid for `items` work items of `per_block` each, or the caller's override.
-unsigned grid_for(int64_t items, int64_t per_block, int32_t override_grid) {
-  if (override_grid > 0) return static_cast<unsigned>(override_grid);
-  const int64_t g = (items + per_block - 1) / per_block;
-  return static_cast<unsigned>(g < 1 ? 1 : (g > INT_MAX ? INT_MAX : g));
 }
 
 host::LaunchShape shape(unsigned grid, int threads, int smem, int32_t use_pdl, const DeviceInfo& dev) {
@@ -77,9 +68,9 @@ m3qkv_status portable_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, fl
   p.g = operands(a.xq, a.xsf, a.wq, a.wsf, a.m, n, a.k);
   p.e = epi::make_epilogue_params(a);
   p.acc_tap = acc_tap;
-  const int64_t tiles = (n / portable::kBN) * ((a.m + portable::kBM - 1) / portable::kBM);
+  const int64_t tiles = portable::gemm_tiles(a.m, n, portable::kBM, portable::kBN);
   return host::launch(fn, "m3qkv_portable_fused_kernel", m3qkv_portable_fused_kernel,
-                      shape(grid_for(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev), s, p);
+                      shape(portable::plan_grid(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev), s, p);
 }
 
 m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cudaStream_t s) {
@@ -88,9 +79,9 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
   portable::GemmParams p;
   p.g = operands(a.xq, a.xsf, a.wq, a.wsf, a.m, a.n, a.k);
   p.out = static_cast<uint16_t*>(a.out);
-  const int64_t tiles = (a.n / portable::kBN) * ((a.m + portable::kBM - 1) / portable::kBM);
+  const int64_t tiles = portable::gemm_tiles(a.m, a.n, portable::kBM, portable::kBN);
   return host::launch(fn, "m3qkv_portable_gemm_kernel", m3qkv_portable_gemm_kernel,
-                      shape(grid_for(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev), s, p);
+                      shape(portable::plan_grid(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev), s, p);
 }
 
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
@@ -100,7 +91,7 @@ m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, 
   p.e = epi::make_epilogue_params(a);
   const int64_t items = a.m * total_heads(a.nq, a.nkv, a.niq, a.nik);
   return host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_kernel", m3qkv_portable_insert_kernel,
-                      shape(grid_for(items, portable::kInsertThreads, a.grid), portable::kInsertThreads, 0, a.use_pdl,
+                      shape(portable::plan_grid(items, portable::kInsertThreads, a.grid), portable::kInsertThreads, 0, a.use_pdl,
                             dev),
                       s, p);
 }
@@ -114,7 +105,7 @@ m3qkv_status portable_quantize(const m3qkv_quantize_args& a, const DeviceInfo& d
   p.k = a.k;
   const int64_t items = f8_128x4_padded_rows(a.m) * (a.k / kMxBlock);
   return host::launch("m3qkv_mxfp8_quantize", "m3qkv_portable_quantize_kernel", m3qkv_portable_quantize_kernel,
-                      shape(grid_for(items, portable::kQuantizeThreads, 0), portable::kQuantizeThreads, 0, a.use_pdl,
+                      shape(portable::plan_grid(items, portable::kQuantizeThreads, 0), portable::kQuantizeThreads, 0, a.use_pdl,
                             dev),
                       s, p);
 }

@@ -1,0 +1,228 @@
+// The launch plans of the three backends (src/portable/plan.h,
+// src/sm90/plan_sm90.h, src/sm100/plan.h): pure functions of the shape, the
+// device facts and the occupancy numbers, checked against values worked out
+// by hand from the rules written next to each function.
+#include <gtest/gtest.h>
+
+#include <climits>
+#include <cstdint>
+#include <string>
+
+#include "m3qkv/m3qkv.h"
+#include "portable/plan.h"
+#include "sm100/plan.h"
+#include "sm90/plan_sm90.h"
+
+namespace {
+
+// ---------------------------------------------------------------- portable
+TEST(PortablePlan, OneCtaPerWorkItemGroup) {
+  EXPECT_EQ(m3qkv::portable::plan_grid(20, 1, 0), 20u);
+  EXPECT_EQ(m3qkv::portable::plan_grid(140, 128, 0), 2u);  // insert: TP4 M 7 = 140 head rows, 128 per CTA
+  EXPECT_EQ(m3qkv::portable::plan_grid(128, 128, 0), 1u);
+  EXPECT_EQ(m3qkv::portable::plan_grid(0, 128, 0), 1u);
+  EXPECT_EQ(m3qkv::portable::plan_grid(int64_t{1} << 40, 1, 0), static_cast<unsigned>(INT_MAX));
+}
+
+TEST(PortablePlan, OverrideIsClampedToTheWorkItems) {
+  EXPECT_EQ(m3qkv::portable::plan_grid(20, 1, 7), 7u);
+  EXPECT_EQ(m3qkv::portable::plan_grid(20, 1, 20), 20u);
+  EXPECT_EQ(m3qkv::portable::plan_grid(20, 1, 21), 20u);
+  EXPECT_EQ(m3qkv::portable::plan_grid(20, 1, INT32_MAX), 20u) << "grid = INT32_MAX would launch 2^31 CTAs";
+  EXPECT_EQ(m3qkv::portable::plan_grid(140, 128, INT32_MAX), 2u);
+  EXPECT_EQ(m3qkv::portable::plan_grid(140, 128, 1), 1u);
+}
+
+TEST(PortablePlan, GemmTiles) {
+  EXPECT_EQ(m3qkv::portable::gemm_tiles(7, 2560, 64, 128), 20);
+  EXPECT_EQ(m3qkv::portable::gemm_tiles(64, 2560, 64, 128), 20);
+  EXPECT_EQ(m3qkv::portable::gemm_tiles(65, 2560, 64, 128), 40);
+  EXPECT_EQ(m3qkv::portable::gemm_tiles(4096, 9856, 64, 128), 64 * 77);
+}
+
+// -------------------------------------------------------------------- SM90
+namespace sm90 = m3qkv::sm90;
+
+// H200-like: 132 SMs, resident clusters of c CTAs as the occupancy query could answer.
+sm90::PlanInput h200(int64_t m, int64_t heads, int64_t k = 6144) {
+  sm90::PlanInput in;
+  in.m = m;
+  in.heads = heads;
+  in.k = k;
+  in.num_sms = 132;
+  const int mc[] = {0, 0, 66, 44, 32, 26, 22, 18, 16};
+  for (int c = 0; c <= sm90::kPlanMaxSplit; ++c) in.max_clusters[c] = mc[c];
+  return in;
+}
+
+sm90::Plan plan90(const sm90::PlanInput& in) {
+  sm90::Plan p;
+  EXPECT_EQ(sm90::plan("test", in, &p), M3QKV_SUCCESS) << m3qkv_last_error();
+  return p;
+}
+
+TEST(Sm90Plan, DecodeSplitsKOverClusters) {
+  // TP4 M 1: 20 tiles of 64 rows, ks 48. Modelled costs (one wave each):
+  // none 56, c=2 33, 3 26, 4 23, 5 22, 6 21, 7 21, 8 21: the first minimum is 6.
+  const sm90::Plan p = plan90(h200(1, 20));
+  EXPECT_EQ(p.cons, 1);
+  EXPECT_EQ(p.bm, 64);
+  EXPECT_EQ(p.m_blocks, 1);
+  EXPECT_EQ(p.tiles, 20);
+  EXPECT_EQ(p.split, 6);
+  EXPECT_EQ(p.grid, 20 * 6) << "one cluster per tile: 22 resident, 20 tiles";
+}
+
+TEST(Sm90Plan, TwoWavesPreferTheCheapestSplit) {
+  // TP4 M 512: 80 tiles of 128 rows < 132 SMs -> BM 64, 160 tiles, 2 waves
+  // unsplit (112); c=2: 3 waves x 33 = 99; c=3: 4 x 26 = 104; c=4: 5 x 23 = 115.
+  const sm90::Plan p = plan90(h200(512, 20));
+  EXPECT_EQ(p.bm, 64);
+  EXPECT_EQ(p.tiles, 160);
+  EXPECT_EQ(p.split, 2);
+  EXPECT_EQ(p.grid, 66 * 2);
+}
+
+TEST(Sm90Plan, UnknownOccupancyMeansNoSplit) {
+  sm90::PlanInput in = h200(1, 20);
+  for (int& c : in.max_clusters) c = 0;
+  const sm90::Plan p = plan90(in);
+  EXPECT_EQ(p.split, 1);
+  EXPECT_EQ(p.grid, 20);
+}
+
+TEST(Sm90Plan, PrefillUses128RowTilesAndOneCtaPerSm) {
+  // TP4 M 4096: 32 x 20 = 640 tiles of 128 rows >= 132 SMs.
+  const sm90::Plan p = plan90(h200(4096, 20));
+  EXPECT_EQ(p.cons, 2);
+  EXPECT_EQ(p.bm, 128);
+  EXPECT_EQ(p.tiles, 640);
+  EXPECT_EQ(p.split, 1) << "no split-K with two consumer warpgroups";
+  EXPECT_EQ(p.grid, 132);
+}
+
+TEST(Sm90Plan, GridOverrideIsClampedToTheTiles) {
+  sm90::PlanInput in = h200(4096, 20);
+  in.grid = 7;
+  EXPECT_EQ(plan90(in).grid, 7);
+  in.grid = INT32_MAX;
+  EXPECT_EQ(plan90(in).grid, 640);
+  // With split-K the override counts CTAs: grid / split clusters, at least
+  // one, at most one per tile.
+  in = h200(1, 20);
+  in.grid = 13;
+  EXPECT_EQ(plan90(in).grid, 12);
+  in.grid = 5;
+  EXPECT_EQ(plan90(in).grid, 6);
+  in.grid = INT32_MAX;
+  EXPECT_EQ(plan90(in).grid, 120);
+}
+
+TEST(Sm90Plan, ForcedTileHeightAndSplit) {
+  sm90::PlanInput in = h200(1, 20);
+  in.block_m = 128;
+  EXPECT_EQ(plan90(in).cons, 2);
+  EXPECT_EQ(plan90(in).split, 1);
+  in = h200(4096, 20);
+  in.block_m = 64;
+  EXPECT_EQ(plan90(in).tiles, 64 * 20);
+  in = h200(1, 20, 256);  // ks = 2
+  in.split = 8;
+  EXPECT_EQ(plan90(in).split, 2) << "a forced split is clamped to K / 128";
+  in.split = 1;
+  EXPECT_EQ(plan90(in).split, 1);
+}
+
+TEST(Sm90Plan, RejectsWhatTheKernelsCannotRun) {
+  sm90::Plan p;
+  sm90::PlanInput in = h200(4096, 20);
+  in.split = 4;  // 128-row tiles here
+  EXPECT_EQ(sm90::plan("f", in, &p), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("f: split-K needs 64-row tiles"), std::string::npos);
+  in = h200(1, 20);
+  in.split = 9;
+  EXPECT_EQ(sm90::plan("f", in, &p), M3QKV_ERROR_INVALID_ARGUMENT);
+  in = h200(1, 20);
+  in.block_m = 32;
+  EXPECT_EQ(sm90::plan("f", in, &p), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90::plan("f", h200(INT32_MAX, 20), &p), M3QKV_ERROR_TOO_LARGE);
+}
+
+// ------------------------------------------------------------------- SM100
+namespace sm100 = m3qkv::sm100;
+
+TEST(Sm100Plan, CtaGroupByWaveQuantization) {
+  EXPECT_EQ(sm100::choose_cta_group(1, 20, 148), 1);     // 20 tiles: 1 wave; 10 pair tiles: 2 units
+  EXPECT_EQ(sm100::choose_cta_group(4096, 20, 148), 1);  // 640 -> 5 waves; 160 pairs -> 6 units
+  EXPECT_EQ(sm100::choose_cta_group(256, 4, 4), 2);      // 8 tiles on 4 SMs: 2; 2 pairs on 2 pairs: 2 (tie)
+  EXPECT_EQ(sm100::choose_cta_group(256 * 74, 2, 148), 2);
+  EXPECT_EQ(sm100::choose_cta_group(256, 4, 1), 1) << "one SM cannot hold a pair";
+}
+
+TEST(Sm100Plan, GroupedMWhenTheWeightsDoNotFitHalfTheL2) {
+  EXPECT_EQ(sm100::choose_group_m(2560, 6144, 32, 50 << 20), 1);  // 15 MiB of weights in a 50 MiB L2
+  EXPECT_EQ(sm100::choose_group_m(2560, 6144, 32, 16 << 20), 16);
+  EXPECT_EQ(sm100::choose_group_m(2560, 6144, 3, 16 << 20), 3);
+  EXPECT_EQ(sm100::choose_group_m(2560, 6144, 32, 0), 16) << "unknown L2: grouped";
+}
+
+sm100::PlanInput b200(int64_t m, int heads) {
+  sm100::PlanInput in;
+  in.m = m;
+  in.k = 6144;
+  in.heads = heads;
+  in.num_sms = 148;
+  in.l2_bytes = 126 << 20;
+  in.resident_clusters[1] = 148;
+  in.resident_clusters[2] = 74;
+  return in;
+}
+
+sm100::Plan plan100(const sm100::PlanInput& in) {
+  sm100::Plan p;
+  EXPECT_EQ(sm100::plan("test", in, &p), M3QKV_SUCCESS) << m3qkv_last_error();
+  return p;
+}
+
+TEST(Sm100Plan, TilesAndPersistentGrid) {
+  sm100::Plan p = plan100(b200(1, 20));
+  EXPECT_EQ(p.cta_group, 1);
+  EXPECT_EQ(p.num_m_tiles, 1);
+  EXPECT_EQ(p.num_n_tiles, 20);
+  EXPECT_EQ(p.num_tiles, 20);
+  EXPECT_EQ(p.grid, 20u) << "at most one CTA per tile";
+  p = plan100(b200(256 * 74, 2));
+  EXPECT_EQ(p.cta_group, 2);
+  EXPECT_EQ(p.num_m_tiles, 74);
+  EXPECT_EQ(p.num_n_tiles, 1);
+  EXPECT_EQ(p.grid, 148u);
+  sm100::PlanInput in = b200(4096, 39);  // TP2: odd head count
+  in.cta_group = 2;
+  p = plan100(in);
+  EXPECT_EQ(p.num_n_tiles, 20) << "the phantom head";
+  EXPECT_EQ(p.num_m_tiles, 16);
+  EXPECT_EQ(p.grid, 148u);
+}
+
+TEST(Sm100Plan, GridOverrideInWholeClustersClampedToTheTiles) {
+  sm100::PlanInput in = b200(256 * 74, 2);
+  in.grid = 7;
+  EXPECT_EQ(plan100(in).grid, 6u);
+  in.grid = 1;
+  EXPECT_EQ(plan100(in).grid, 2u);
+  in.grid = INT32_MAX;
+  EXPECT_EQ(plan100(in).grid, 148u);
+  in = b200(4096, 20);
+  in.resident_clusters[1] = -1;  // the occupancy query failed
+  EXPECT_EQ(plan100(in).grid, 148u);
+}
+
+TEST(Sm100Plan, RejectsCoordinatesBeyond32Bits) {
+  sm100::PlanInput in = b200(INT32_MAX, 20);
+  in.cta_group = 2;
+  sm100::Plan p;
+  EXPECT_EQ(sm100::plan("f", in, &p), M3QKV_ERROR_TOO_LARGE);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("f: m = 2147483647"), std::string::npos);
+}
+
+}  // namespace
