@@ -15,6 +15,28 @@
  *   D  = 128 head dim,              N  = (nq + 2·nkv + niq + nik) · 128,
  *   "device" = a CUDA device pointer, "host" = a value passed by value.
  * All tensors are contiguous row-major unless a stride is given.
+ *
+ * Buffers: no buffer a call writes (kv_cache, index_cache, q_out, q_fp8_out,
+ * index_q_out, error_flags, out, xq/xsf of the quantizer) may share a byte
+ * with another buffer of the call, each taken as the bytes the call touches
+ * (a paged cache: the packed part of each of its pages); inputs may alias
+ * each other, and two caches may interleave page by page (e.g. the index
+ * pages in the padding of the KV pages). A violation is
+ * M3QKV_ERROR_INVALID_ARGUMENT naming both buffers.
+ *
+ * Contexts, streams, threads: a call runs on the device and in the CUDA
+ * context of its stream (the current context for NULL, cudaStreamLegacy and
+ * cudaStreamPerThread), also when that is not the caller's current context;
+ * the caller's current context and device are the same after the call. Every
+ * entry point may be called from any number of threads at once; one-time
+ * setup is per context, so calls after cudaDeviceReset() or in a context of
+ * cuCtxCreate work. See README "Contexts, streams and threads".
+ *
+ * Checked mode: with M3QKV_CHECKED=1 in the environment (read once, at the
+ * first call), every call also checks that each pointer is device memory of
+ * the call's device and that each buffer, as the call touches it, lies inside
+ * its allocation (M3QKV_ERROR_INVALID_ARGUMENT naming the buffer otherwise).
+ * It costs a driver query per buffer, so it is off by default.
  */
 #ifndef M3QKV_M3QKV_H_
 #define M3QKV_M3QKV_H_
@@ -43,8 +65,10 @@ extern "C" {
 
 typedef enum m3qkv_status {
   M3QKV_SUCCESS = 0,
-  /* An argument has a value outside its documented domain (e.g. eps < 0,
-     a negative scale, cta_group = 3, use_pdl = 7). */
+  /* An argument has a value outside its documented domain (e.g. eps <= 0,
+     a scale whose reciprocal is not a normal float, cta_group = 3,
+     use_pdl = 7, overlapping buffers; in checked mode a pointer that is not
+     device memory of the call's device or a buffer larger than its allocation). */
   M3QKV_ERROR_INVALID_ARGUMENT = 1,
   /* A pointer is not aligned as its field documents (page strides that are
      not multiples of 32 are M3QKV_ERROR_INVALID_SHAPE). */
@@ -56,7 +80,7 @@ typedef enum m3qkv_status {
   M3QKV_ERROR_CUDA_ERROR = 4,
   /* A required pointer (args, an input or an output) is NULL. */
   M3QKV_ERROR_NULL_POINTER = 5,
-  /* args->struct_size does not equal sizeof the struct this library knows. */
+  /* args->struct_size is not the sizeof of a released version of the struct. */
   M3QKV_ERROR_STRUCT_SIZE = 6,
   /* A shape or head-count rule of SPEC §2 fails (K % 128, nq % nkv,
      niq ∈ {0, nkv}, nik ∈ {0, 1}, block_size % 4, page strides, sizes). */
@@ -82,8 +106,11 @@ typedef enum m3qkv_backend_kind {
 /*
  * Arguments of m3qkv_fused_qkv: the fused projection + epilogue.
  * Start with `size_t struct_size = sizeof(m3qkv_fused_args)`; zero-initialize
- * the rest before filling it (memset or `= {0}`), so that fields added in a
- * later version read as their defaults.
+ * the rest before filling it (memset or `= {0}`). Fields are only ever added
+ * at the end of a struct, with 0 as their default: this library accepts the
+ * struct_size of every released version of a struct (the first, m3qkv 0.1,
+ * up to this header's sizeof) and reads the fields past the caller's
+ * struct_size as 0. Any other struct_size is M3QKV_ERROR_STRUCT_SIZE.
  */
 typedef struct m3qkv_fused_args {
   size_t struct_size; /* = sizeof(m3qkv_fused_args) */
@@ -110,7 +137,7 @@ typedef struct m3qkv_fused_args {
   const void* k_norm_weight;       /* bf16 [128], 16-B aligned */
   const void* index_q_norm_weight; /* bf16 [128], required when niq > 0 */
   const void* index_k_norm_weight; /* bf16 [128], required when nik > 0 */
-  float eps;                       /* host: RMSNorm epsilon, finite, >= 0 (M3: 1e-6) */
+  float eps;                       /* host: RMSNorm epsilon, finite, > 0 (M3: 1e-6); 0 would turn an all-zero head row into NaN */
 
   const int64_t* slot_mapping;       /* int64 [M]: KV slot per token, < 0 = skip, 8-B aligned */
   const int64_t* index_slot_mapping; /* int64 [M]: index-cache slot, < 0 = skip; required when nik > 0 */
@@ -128,7 +155,9 @@ typedef struct m3qkv_fused_args {
   void* q_fp8_out;   /* e4m3 [M, nq·128] or NULL, 16-B aligned */
   void* index_q_out; /* e4m3 [M, niq·128], required when niq > 0, 16-B aligned */
 
-  /* ---- dequantization scales (host, finite, > 0) ---- */
+  /* ---- dequantization scales (host): finite, > 0, and RN(1/scale) a finite
+     normal float (about 2.9e-39 <= scale <= 8.5e37): the kernels multiply by
+     the reciprocal, which would otherwise saturate or zero every value ---- */
   float q_fp8_scale; /* q_fp8_out = e4m3(y / q_fp8_scale); checked only when q_fp8_out != NULL */
   float k_scale;     /* NVFP4 k = value / k_scale before the block quantizer */
   float v_scale;     /* NVFP4 v likewise */
@@ -146,7 +175,7 @@ typedef struct m3qkv_fused_args {
  * m3qkv_fused_args minus the GEMM operands, K and cta_group.
  */
 typedef struct m3qkv_insert_args {
-  size_t struct_size; /* = sizeof(m3qkv_insert_args) */
+  size_t struct_size; /* = sizeof(m3qkv_insert_args) (or a released size, see m3qkv_fused_args) */
   int64_t m;
   int32_t nq;
   int32_t nkv;
@@ -184,7 +213,7 @@ typedef struct m3qkv_insert_args {
 
 /* Arguments of m3qkv_mxfp8_gemm: out = bf16_rn(acc), acc as in SPEC §3. */
 typedef struct m3qkv_gemm_args {
-  size_t struct_size; /* = sizeof(m3qkv_gemm_args) */
+  size_t struct_size; /* = sizeof(m3qkv_gemm_args) (or a released size, see m3qkv_fused_args) */
   int64_t m;          /* >= 0; 0 is a no-op */
   int64_t n;          /* > 0, multiple of 128 */
   int64_t k;          /* > 0, multiple of 128 */
@@ -205,7 +234,7 @@ typedef struct m3qkv_gemm_args {
  * next multiple of 128) are written as 0x7F (scale 1.0).
  */
 typedef struct m3qkv_quantize_args {
-  size_t struct_size; /* = sizeof(m3qkv_quantize_args) */
+  size_t struct_size; /* = sizeof(m3qkv_quantize_args) (or a released size, see m3qkv_fused_args) */
   int64_t m;          /* >= 0; 0 is a no-op */
   int64_t k;          /* > 0, multiple of 128 */
   const void* x;      /* bf16 [M, K], 16-B aligned */

@@ -161,16 +161,17 @@ m3qkv_status launch_fused(m3qkv_backend_kind b, const m3qkv_fused_args& a, const
 // The unfused ops always use the portable kernels.
 template <class A, class Launch>
 m3qkv_status run_portable(const char* fn, const A* args, cudaStream_t stream,
-                          m3qkv_status (*validate)(const A*, bool*), Launch&& launch) {
+                          m3qkv_status (*validate)(const A*, A*, bool*), Launch&& launch) {
   return guarded(fn, [&]() -> m3qkv_status {
+    A a;
     bool noop = false;
-    M3QKV_TRY(validate(args, &noop));
+    M3QKV_TRY(validate(args, &a, &noop));
     if (noop) return M3QKV_SUCCESS;
     host::ContextScope scope;
     DeviceInfo d;
     M3QKV_TRY(host::enter_stream(fn, stream, &scope, &d));
     if (!kHavePortable || !portable_runs_on(d)) return no_portable(fn, d);
-    return launch(*args, d, stream);
+    return launch(a, d, stream);
   });
 }
 
@@ -186,8 +187,9 @@ m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_ta
                                      cudaStream_t stream) {
   const char* fn = "m3qkv_fused_qkv";
   return guarded(fn, [&]() -> m3qkv_status {
+    m3qkv_fused_args a;
     bool noop = false;
-    M3QKV_TRY(validate_fused(args, &noop));
+    M3QKV_TRY(validate_fused(args, &a, &noop));
     // Compared as int: C callers may pass any int through the enum.
     const int force = static_cast<int>(force_backend);
     if (force < M3QKV_BACKEND_NONE || force > M3QKV_BACKEND_SM100) {
@@ -203,7 +205,7 @@ m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_ta
     M3QKV_TRY(host::enter_stream(fn, stream, &scope, &d));
     m3qkv_backend_kind b = M3QKV_BACKEND_NONE;
     M3QKV_TRY(choose_fused(fn, d, force_backend, &b));
-    return launch_fused(b, *args, d, acc_tap, stream);
+    return launch_fused(b, a, d, acc_tap, stream);
   });
 }
 

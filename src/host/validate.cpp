@@ -5,7 +5,10 @@
 //
 // Order of the checks, the same for every entry point:
 //   1. args != NULL                      -> M3QKV_ERROR_NULL_POINTER
-//   2. args->struct_size == sizeof(...)  -> M3QKV_ERROR_STRUCT_SIZE
+//   2. args->struct_size is the size of a released version of the struct
+//      (-> M3QKV_ERROR_STRUCT_SIZE); the caller's bytes are copied into a
+//      zeroed struct of this version, so fields past struct_size read as
+//      their defaults (0), and everything below reads the copy
 //   3. host scalars: shapes and head counts (M3QKV_ERROR_INVALID_SHAPE),
 //      size limits / int64 overflow (M3QKV_ERROR_TOO_LARGE), values such as
 //      eps, scales and launch options (M3QKV_ERROR_INVALID_ARGUMENT)
@@ -17,21 +20,26 @@
 //      all" is M3QKV_ERROR_INVALID_ARGUMENT)
 //   6. alignment of every pointer a kernel reads or writes with wide accesses
 //      (M3QKV_ERROR_MISALIGNED)
+//   7. no written buffer overlaps another buffer of the call, each taken as
+//      the bytes the call touches (host/extents.h; M3QKV_ERROR_INVALID_ARGUMENT)
 // Fields that an operation does not use (index_* when niq/nik are 0) are not
 // checked at all.
 #include <cinttypes>
 #include <cmath>
 #include <cstdint>
+#include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <initializer_list>
 
+#include "common/numerics.h"
+#include "host/extents.h"
 #include "host/status.h"
 #include "host/validate.h"
 
 namespace m3qkv {
 namespace {
 
-constexpr int64_t kHeadDim = M3QKV_HEAD_DIM;
 constexpr int64_t kSlotBytesPerToken = M3QKV_NVFP4_SLOT_BYTES_PER_TOKEN;
 // K is consumed in 128-wide k-blocks (4 MX scale columns = one F8_128x4 column tile).
 constexpr int64_t kKMultiple = 128;
@@ -47,7 +55,6 @@ constexpr int64_t kMaxM = int64_t{1} << 31;  // m < 2^31
 constexpr int64_t kMaxK = int64_t{1} << 20;  // k <= 2^20
 constexpr int64_t kMaxN = int64_t{1} << 24;  // N <= 2^24 (131072 heads)
 constexpr int64_t kScaleRowTile = 128;       // F8_128x4 pads rows to 128
-constexpr int64_t kMxBlock = 32;             // one E8M0 scale per 32 K values
 static_assert(kKMultiple % (kMxBlock * 4) == 0, "K multiple must cover whole F8_128x4 column tiles");
 static_assert((kBlockSizeMultiple * kSlotBytesPerToken) % kPageStrideMultiple == 0,
               "a packed page of any valid block_size is a multiple of the page stride alignment");
@@ -68,10 +75,49 @@ struct Ctx {
 // status with a message naming the function, the argument and its value.
 // ---------------------------------------------------------------------------
 
-m3qkv_status check_struct_size(Ctx c, size_t got, size_t want, const char* type) {
-  if (got == want) return M3QKV_SUCCESS;
-  return fail(M3QKV_ERROR_STRUCT_SIZE, "%s: struct_size = %zu does not equal sizeof(%s) = %zu of this library", c.fn,
-              got, type, want);
+// sizeof of each struct in the first release (0.1): the end of its last
+// field, rounded up to the struct's alignment. Fields are only ever appended,
+// so these stay valid when later versions grow the structs.
+template <class A>
+constexpr size_t released_size(size_t end_of_last_field) {
+  return (end_of_last_field + alignof(A) - 1) / alignof(A) * alignof(A);
+}
+constexpr size_t kFusedArgsSizeV1 =
+    released_size<m3qkv_fused_args>(offsetof(m3qkv_fused_args, error_flags) + sizeof(uint32_t*));
+constexpr size_t kInsertArgsSizeV1 =
+    released_size<m3qkv_insert_args>(offsetof(m3qkv_insert_args, error_flags) + sizeof(uint32_t*));
+constexpr size_t kGemmArgsSizeV1 = released_size<m3qkv_gemm_args>(offsetof(m3qkv_gemm_args, grid) + sizeof(int32_t));
+constexpr size_t kQuantizeArgsSizeV1 =
+    released_size<m3qkv_quantize_args>(offsetof(m3qkv_quantize_args, use_pdl) + sizeof(int32_t));
+// The 0.1 sizes on LP64 (what binaries built against 0.1 pass).
+static_assert(sizeof(void*) != 8 || (kFusedArgsSizeV1 == 264 && kInsertArgsSizeV1 == 232 &&
+                                     kGemmArgsSizeV1 == 80 && kQuantizeArgsSizeV1 == 56),
+              "a field of a released struct moved");
+
+template <class A>
+constexpr size_t size_v1();
+template <>
+constexpr size_t size_v1<m3qkv_fused_args>() { return kFusedArgsSizeV1; }
+template <>
+constexpr size_t size_v1<m3qkv_insert_args>() { return kInsertArgsSizeV1; }
+template <>
+constexpr size_t size_v1<m3qkv_gemm_args>() { return kGemmArgsSizeV1; }
+template <>
+constexpr size_t size_v1<m3qkv_quantize_args>() { return kQuantizeArgsSizeV1; }
+
+// struct_size must be a released size: 0.1's or this header's sizeof. A size
+// in between would cut a field in half.
+template <class A>
+m3qkv_status check_struct_size(Ctx c, size_t got, const char* type) {
+  const size_t v1 = size_v1<A>();
+  if (got == sizeof(A) || got == v1) return M3QKV_SUCCESS;
+  if (v1 == sizeof(A)) {
+    return fail(M3QKV_ERROR_STRUCT_SIZE, "%s: struct_size = %zu is not sizeof(%s) = %zu", c.fn, got, type,
+                sizeof(A));
+  }
+  return fail(M3QKV_ERROR_STRUCT_SIZE,
+              "%s: struct_size = %zu is not the size of a released %s: %zu (m3qkv 0.1) or %zu (this version)", c.fn,
+              got, type, v1, sizeof(A));
 }
 
 m3qkv_status positive(Ctx c, const char* name, int64_t v) {
@@ -118,16 +164,30 @@ m3qkv_status product(Ctx c, const char* what, std::initializer_list<int64_t> fac
   return M3QKV_SUCCESS;
 }
 
-m3qkv_status finite_non_negative(Ctx c, const char* name, float v) {
-  if (std::isfinite(v) && v >= 0.0f) return M3QKV_SUCCESS;
-  return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: %s = %.9g must be finite and >= 0", c.fn, name,
-              static_cast<double>(v));
+// eps > 0: with eps = 0 an all-zero head row gives t = 0, rsqrt(0) = inf
+// and 0·inf = NaN in every output of the row.
+m3qkv_status check_eps(Ctx c, float eps) {
+  if (std::isfinite(eps) && eps > 0.0f) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+              "%s: eps = %.9g must be finite and > 0 (with eps <= 0 an all-zero head row gives rsqrt(0) = inf and "
+              "NaN outputs)",
+              c.fn, static_cast<double>(eps));
 }
 
-m3qkv_status finite_positive(Ctx c, const char* name, float v) {
-  if (std::isfinite(v) && v > 0.0f) return M3QKV_SUCCESS;
-  return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: %s = %.9g must be finite and > 0", c.fn, name,
-              static_cast<double>(v));
+// A dequantization scale: finite, > 0, and its f32 reciprocal RN(1/scale),
+// which the kernels multiply by (SPEC §3.3, §3.5), a finite normal number:
+// about 2.9e-39 <= scale <= 8.5e37. Outside, the reciprocal is inf (every
+// value saturates) or subnormal (every value rounds to zero).
+m3qkv_status check_scale(Ctx c, const char* name, float v) {
+  if (!(std::isfinite(v) && v > 0.0f)) {
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: %s = %.9g must be finite and > 0", c.fn, name,
+                static_cast<double>(v));
+  }
+  const float r = rcp_rn(v);
+  if (std::isnormal(r)) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+              "%s: %s = %.9g: its reciprocal RN(1/%s) = %.9g is not a finite normal f32 (the kernels multiply by it)",
+              c.fn, name, static_cast<double>(v), name, static_cast<double>(r));
 }
 
 // v in [lo, hi]; `domain` spells the allowed values for the message.
@@ -330,11 +390,11 @@ m3qkv_status check_epilogue_scalars(Ctx c, const Epilogue& e, int64_t* n_out) {
   M3QKV_TRY(product(c, "max_position*64*2 (cos_sin_cache bytes)", {e.max_position, 64, 2}, &bytes));
   M3QKV_TRY(product(c, "m*N*4 (accumulator bytes)", {e.m, *n_out, 4}, &bytes));
 
-  M3QKV_TRY(finite_non_negative(c, "eps", e.eps));
+  M3QKV_TRY(check_eps(c, e.eps));
   // q_fp8_scale only matters when the fp8 q output is requested.
-  if (e.q_fp8_out != nullptr) M3QKV_TRY(finite_positive(c, "q_fp8_scale", e.q_fp8_scale));
-  M3QKV_TRY(finite_positive(c, "k_scale", e.k_scale));
-  M3QKV_TRY(finite_positive(c, "v_scale", e.v_scale));
+  if (e.q_fp8_out != nullptr) M3QKV_TRY(check_scale(c, "q_fp8_scale", e.q_fp8_scale));
+  M3QKV_TRY(check_scale(c, "k_scale", e.k_scale));
+  M3QKV_TRY(check_scale(c, "v_scale", e.v_scale));
   M3QKV_TRY(check_use_pdl(c, e.use_pdl));
   M3QKV_TRY(check_grid(c, e.grid));
   return M3QKV_SUCCESS;
@@ -385,12 +445,18 @@ m3qkv_status check_epilogue_alignment(Ctx c, const Epilogue& e) {
   return M3QKV_SUCCESS;
 }
 
-// Steps 1-2 of the order above.
+// Steps 1-2 of the order above: *out = the caller's struct_size bytes of
+// *in, zero past them, struct_size = sizeof(A).
 template <class A>
-m3qkv_status check_header(Ctx c, const A* a, const char* type, bool* noop) {
+m3qkv_status check_header(Ctx c, const A* in, const char* type, A* out, bool* noop) {
   if (noop != nullptr) *noop = false;
-  if (a == nullptr) return fail(M3QKV_ERROR_NULL_POINTER, "%s: args = NULL", c.fn);
-  return check_struct_size(c, a->struct_size, sizeof(A), type);
+  if (in == nullptr) return fail(M3QKV_ERROR_NULL_POINTER, "%s: args = NULL", c.fn);
+  const size_t size = in->struct_size;
+  M3QKV_TRY(check_struct_size<A>(c, size, type));
+  std::memset(out, 0, sizeof(A));
+  std::memcpy(out, in, size);
+  out->struct_size = sizeof(A);
+  return M3QKV_SUCCESS;
 }
 
 // Step 4 of the order above; returns true when validation is complete.
@@ -402,9 +468,10 @@ bool is_noop(int64_t m, bool* noop) {
 
 }  // namespace
 
-m3qkv_status validate_fused(const m3qkv_fused_args* a, bool* noop) {
+m3qkv_status validate_fused(const m3qkv_fused_args* args, m3qkv_fused_args* out, bool* noop) {
   const Ctx c{"m3qkv_fused_qkv"};
-  M3QKV_TRY(check_header(c, a, "m3qkv_fused_args", noop));
+  M3QKV_TRY(check_header(c, args, "m3qkv_fused_args", out, noop));
+  const m3qkv_fused_args* a = out;
   const Epilogue e = epilogue_view(*a);
   int64_t n = 0;
   M3QKV_TRY(check_k(c, a->k));
@@ -416,12 +483,16 @@ m3qkv_status validate_fused(const m3qkv_fused_args* a, bool* noop) {
   M3QKV_TRY(check_gemm_pointers(c, g));
   M3QKV_TRY(check_epilogue_pointers(c, e));
   M3QKV_TRY(check_gemm_alignment(c, g));
-  return check_epilogue_alignment(c, e);
+  M3QKV_TRY(check_epilogue_alignment(c, e));
+  host::Extents x;
+  M3QKV_TRY(host::fused_extents(c.fn, *a, &x));
+  return host::check_overlaps(c.fn, &x);
 }
 
-m3qkv_status validate_insert(const m3qkv_insert_args* a, bool* noop) {
+m3qkv_status validate_insert(const m3qkv_insert_args* args, m3qkv_insert_args* out, bool* noop) {
   const Ctx c{"m3qkv_qknorm_rope_kv_insert"};
-  M3QKV_TRY(check_header(c, a, "m3qkv_insert_args", noop));
+  M3QKV_TRY(check_header(c, args, "m3qkv_insert_args", out, noop));
+  const m3qkv_insert_args* a = out;
   const Epilogue e = epilogue_view(*a);
   int64_t n = 0;
   M3QKV_TRY(check_epilogue_scalars(c, e, &n));
@@ -431,12 +502,16 @@ m3qkv_status validate_insert(const m3qkv_insert_args* a, bool* noop) {
   M3QKV_TRY(non_null(c, "qkv", a->qkv));
   M3QKV_TRY(check_epilogue_pointers(c, e));
   M3QKV_TRY(aligned(c, "qkv", a->qkv, kWideAlign));
-  return check_epilogue_alignment(c, e);
+  M3QKV_TRY(check_epilogue_alignment(c, e));
+  host::Extents x;
+  M3QKV_TRY(host::insert_extents(c.fn, *a, &x));
+  return host::check_overlaps(c.fn, &x);
 }
 
-m3qkv_status validate_gemm(const m3qkv_gemm_args* a, bool* noop) {
+m3qkv_status validate_gemm(const m3qkv_gemm_args* args, m3qkv_gemm_args* out, bool* noop) {
   const Ctx c{"m3qkv_mxfp8_gemm"};
-  M3QKV_TRY(check_header(c, a, "m3qkv_gemm_args", noop));
+  M3QKV_TRY(check_header(c, args, "m3qkv_gemm_args", out, noop));
+  const m3qkv_gemm_args* a = out;
   M3QKV_TRY(check_m(c, a->m));
   M3QKV_TRY(positive(c, "n", a->n));
   M3QKV_TRY(multiple_of(c, "n", a->n, kNMultiple));
@@ -450,12 +525,16 @@ m3qkv_status validate_gemm(const m3qkv_gemm_args* a, bool* noop) {
   M3QKV_TRY(check_gemm_pointers(c, g));
   M3QKV_TRY(non_null(c, "out", a->out));
   M3QKV_TRY(check_gemm_alignment(c, g));
-  return aligned(c, "out", a->out, kWideAlign);
+  M3QKV_TRY(aligned(c, "out", a->out, kWideAlign));
+  host::Extents x;
+  M3QKV_TRY(host::gemm_extents(c.fn, *a, &x));
+  return host::check_overlaps(c.fn, &x);
 }
 
-m3qkv_status validate_quantize(const m3qkv_quantize_args* a, bool* noop) {
+m3qkv_status validate_quantize(const m3qkv_quantize_args* args, m3qkv_quantize_args* out, bool* noop) {
   const Ctx c{"m3qkv_mxfp8_quantize"};
-  M3QKV_TRY(check_header(c, a, "m3qkv_quantize_args", noop));
+  M3QKV_TRY(check_header(c, args, "m3qkv_quantize_args", out, noop));
+  const m3qkv_quantize_args* a = out;
   M3QKV_TRY(check_m(c, a->m));
   M3QKV_TRY(check_k(c, a->k));
   int64_t bytes = 0;
@@ -469,7 +548,10 @@ m3qkv_status validate_quantize(const m3qkv_quantize_args* a, bool* noop) {
   M3QKV_TRY(non_null(c, "xsf", a->xsf));
   M3QKV_TRY(aligned(c, "x", a->x, kWideAlign));
   M3QKV_TRY(aligned(c, "xq", a->xq, kWideAlign));
-  return aligned(c, "xsf", a->xsf, kWideAlign);
+  M3QKV_TRY(aligned(c, "xsf", a->xsf, kWideAlign));
+  host::Extents x;
+  M3QKV_TRY(host::quantize_extents(c.fn, *a, &x));
+  return host::check_overlaps(c.fn, &x);
 }
 
 }  // namespace m3qkv

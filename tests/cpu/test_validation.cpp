@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "api/internal.h"
+#include "host/extents.h"
 #include "host/validate.h"
 #include "m3qkv/m3qkv.h"
 #include "valid_args.h"
@@ -58,28 +59,56 @@ struct Api;
 template <>
 struct Api<m3qkv_fused_args> {
   static m3qkv_fused_args valid() { return valid_fused(); }
-  static m3qkv_status validate(const m3qkv_fused_args* a, bool* n) { return m3qkv::validate_fused(a, n); }
+  static m3qkv_status validate(const m3qkv_fused_args* a, bool* n) {
+    m3qkv_fused_args out;
+    return m3qkv::validate_fused(a, &out, n);
+  }
+  static m3qkv_status validate_into(const m3qkv_fused_args* a, m3qkv_fused_args* out) {
+    bool noop = false;
+    return m3qkv::validate_fused(a, out, &noop);
+  }
   static m3qkv_status call(const m3qkv_fused_args* a) { return m3qkv_fused_qkv(a, nullptr); }
   static constexpr const char* fn = "m3qkv_fused_qkv";
 };
 template <>
 struct Api<m3qkv_insert_args> {
   static m3qkv_insert_args valid() { return valid_insert(); }
-  static m3qkv_status validate(const m3qkv_insert_args* a, bool* n) { return m3qkv::validate_insert(a, n); }
+  static m3qkv_status validate(const m3qkv_insert_args* a, bool* n) {
+    m3qkv_insert_args out;
+    return m3qkv::validate_insert(a, &out, n);
+  }
+  static m3qkv_status validate_into(const m3qkv_insert_args* a, m3qkv_insert_args* out) {
+    bool noop = false;
+    return m3qkv::validate_insert(a, out, &noop);
+  }
   static m3qkv_status call(const m3qkv_insert_args* a) { return m3qkv_qknorm_rope_kv_insert(a, nullptr); }
   static constexpr const char* fn = "m3qkv_qknorm_rope_kv_insert";
 };
 template <>
 struct Api<m3qkv_gemm_args> {
   static m3qkv_gemm_args valid() { return valid_gemm(); }
-  static m3qkv_status validate(const m3qkv_gemm_args* a, bool* n) { return m3qkv::validate_gemm(a, n); }
+  static m3qkv_status validate(const m3qkv_gemm_args* a, bool* n) {
+    m3qkv_gemm_args out;
+    return m3qkv::validate_gemm(a, &out, n);
+  }
+  static m3qkv_status validate_into(const m3qkv_gemm_args* a, m3qkv_gemm_args* out) {
+    bool noop = false;
+    return m3qkv::validate_gemm(a, out, &noop);
+  }
   static m3qkv_status call(const m3qkv_gemm_args* a) { return m3qkv_mxfp8_gemm(a, nullptr); }
   static constexpr const char* fn = "m3qkv_mxfp8_gemm";
 };
 template <>
 struct Api<m3qkv_quantize_args> {
   static m3qkv_quantize_args valid() { return valid_quantize(); }
-  static m3qkv_status validate(const m3qkv_quantize_args* a, bool* n) { return m3qkv::validate_quantize(a, n); }
+  static m3qkv_status validate(const m3qkv_quantize_args* a, bool* n) {
+    m3qkv_quantize_args out;
+    return m3qkv::validate_quantize(a, &out, n);
+  }
+  static m3qkv_status validate_into(const m3qkv_quantize_args* a, m3qkv_quantize_args* out) {
+    bool noop = false;
+    return m3qkv::validate_quantize(a, out, &noop);
+  }
   static m3qkv_status call(const m3qkv_quantize_args* a) { return m3qkv_mxfp8_quantize(a, nullptr); }
   static constexpr const char* fn = "m3qkv_mxfp8_quantize";
 };
@@ -210,6 +239,74 @@ std::vector<Case<A>> use_pdl_grid_cases() {
   };
 }
 
+// eps and the dequantization scales (SPEC §6): eps > 0, since an all-zero
+// head row would give rsqrt(0) = inf and NaN; a scale whose f32 reciprocal is
+// not a finite normal number saturates or zeroes everything it scales.
+template <class A>
+std::vector<Case<A>> eps_and_scale_cases() {
+  return {
+      {"eps_zero_says_why", [](A& a) { a.eps = 0.0f; }, kArg, {"eps = 0 must be finite and > 0", "rsqrt(0) = inf"}},
+      {"eps_minus_zero", [](A& a) { a.eps = -0.0f; }, kArg, {"eps = -0 must be"}},
+      {"k_scale_subnormal_reciprocal_inf", [](A& a) { a.k_scale = 1e-40f; }, kArg,
+       {"k_scale = 9.9999461e-41", "RN(1/k_scale) = inf", "not a finite normal f32"}},
+      {"v_scale_1e38_reciprocal_subnormal", [](A& a) { a.v_scale = 1e38f; }, kArg,
+       {"v_scale = 9.99999968e+37", "RN(1/v_scale) = 1.00000", "not a finite normal f32"}},
+      {"v_scale_just_above_range", [](A& a) { a.v_scale = 8.6e37f; }, kArg, {"RN(1/v_scale)"}},
+      {"k_scale_just_below_range", [](A& a) { a.k_scale = 2.9e-39f; }, kArg, {"RN(1/k_scale) = inf"}},
+      {"q_fp8_scale_1e_minus_45", [](A& a) { a.q_fp8_scale = 1e-45f; }, kArg, {"q_fp8_scale = 1.40129846e-45", "RN(1/q_fp8_scale)"}},
+  };
+}
+
+// Every pointer field of a struct, by name, with whether the call writes it.
+template <class A>
+struct PtrField {
+  const char* name;
+  bool written;
+  std::function<uintptr_t(const A&)> get;
+  std::function<void(A&, uintptr_t)> set;
+};
+#define M3QKV_PTR_FIELD(A, field, written)                                                           \
+  PtrField<A> {                                                                                      \
+    #field, written, [](const A& a) { return reinterpret_cast<uintptr_t>(a.field); },               \
+        [](A& a, uintptr_t v) { a.field = reinterpret_cast<decltype(a.field)>(v); }                   \
+  }
+
+template <class A>
+std::vector<PtrField<A>> epilogue_pointers() {
+  return {
+      M3QKV_PTR_FIELD(A, positions, false),       M3QKV_PTR_FIELD(A, cos_sin_cache, false),
+      M3QKV_PTR_FIELD(A, q_norm_weight, false),   M3QKV_PTR_FIELD(A, k_norm_weight, false),
+      M3QKV_PTR_FIELD(A, index_q_norm_weight, false), M3QKV_PTR_FIELD(A, index_k_norm_weight, false),
+      M3QKV_PTR_FIELD(A, slot_mapping, false),    M3QKV_PTR_FIELD(A, index_slot_mapping, false),
+      M3QKV_PTR_FIELD(A, kv_cache, true),         M3QKV_PTR_FIELD(A, index_cache, true),
+      M3QKV_PTR_FIELD(A, q_out, true),            M3QKV_PTR_FIELD(A, q_fp8_out, true),
+      M3QKV_PTR_FIELD(A, index_q_out, true),      M3QKV_PTR_FIELD(A, error_flags, true),
+  };
+}
+template <class A>
+std::vector<PtrField<A>> gemm_operand_pointers() {
+  return {M3QKV_PTR_FIELD(A, xq, false), M3QKV_PTR_FIELD(A, xsf, false), M3QKV_PTR_FIELD(A, wq, false),
+          M3QKV_PTR_FIELD(A, wsf, false)};
+}
+
+// For every written buffer W and every other buffer B of the call: B placed
+// at W's address is rejected naming both; also B starting in W's last byte
+// range (inside, not at the start), when B may be placed there aligned.
+template <class A>
+std::vector<Case<A>> overlap_cases(const std::vector<PtrField<A>>& fields) {
+  std::vector<Case<A>> out;
+  for (const PtrField<A>& w : fields) {
+    if (!w.written) continue;
+    for (const PtrField<A>& b : fields) {
+      if (b.name == w.name) continue;
+      const auto wg = w.get, bs = b.set;
+      out.push_back({std::string(b.name) + "_at_" + w.name, [wg, bs](A& a) { bs(a, wg(a)); }, kArg,
+                     {std::string(" ") + w.name + " [0x", std::string(" ") + b.name + " [0x", "overlaps"}});
+    }
+  }
+  return out;
+}
+
 // Rules of the epilogue fields, shared by m3qkv_fused_args and m3qkv_insert_args.
 template <class A>
 std::vector<Case<A>> epilogue_cases() {
@@ -265,7 +362,8 @@ std::vector<Case<A>> epilogue_cases() {
   c = concat(c, m_cases<A>());
   c = concat(c, use_pdl_grid_cases<A>());
   c = concat(c, struct_size_cases<A>());
-  c = concat(c, bad_floats<A>("eps", &A::eps, /*zero_ok=*/true));
+  c = concat(c, bad_floats<A>("eps", &A::eps, /*zero_ok=*/false));
+  c = concat(c, eps_and_scale_cases<A>());
   c = concat(c, bad_floats<A>("q_fp8_scale", &A::q_fp8_scale, false));
   c = concat(c, bad_floats<A>("k_scale", &A::k_scale, false));
   c = concat(c, bad_floats<A>("v_scale", &A::v_scale, false));
@@ -301,7 +399,34 @@ std::vector<Case<m3qkv_fused_args>> fused_cases() {
   std::vector<Case<A>> c = {
       {"cta_group_3", [](A& a) { a.cta_group = 3; }, kArg, {"cta_group = 3"}},
       {"cta_group_negative", [](A& a) { a.cta_group = -1; }, kArg, {"cta_group = -1"}},
+      // Partial overlaps, as the call touches each buffer.
+      {"q_out_inside_kv_cache", [](A& a) { a.q_out = static_cast<char*>(a.kv_cache) + 2304; }, kArg,
+       {" q_out [0x", " kv_cache [0x"}},
+      {"index_cache_meets_the_kv_pages_by_32_bytes",
+       [](A& a) {
+         a.kv_page_stride = 4096;
+         a.index_page_stride = 4096;
+         a.index_cache = static_cast<char*>(a.kv_cache) + 2304 - 32;
+       },
+       kArg, {" kv_cache [0x", " index_cache [0x"}},
+      {"index_cache_interleaved_with_another_stride",
+       [](A& a) {
+         a.kv_page_stride = 4096;
+         a.index_page_stride = 2048;
+         a.index_cache = static_cast<char*>(a.kv_cache) + 2304;
+       },
+       kArg, {" kv_cache [0x", " index_cache [0x"}},
+      {"xq_ends_inside_q_fp8_out", [](A& a) { a.xq = static_cast<char*>(a.q_fp8_out) - 7 * 6144 + 16; }, kArg,
+       {" q_fp8_out [0x", " xq [0x"}},
+      {"error_flags_in_the_last_kv_page", [](A& a) { a.error_flags = reinterpret_cast<uint32_t*>(static_cast<char*>(a.kv_cache) + 3 * 2304 + 2300); },
+       kArg, {" error_flags [0x", " kv_cache [0x"}},
   };
+  {
+    std::vector<PtrField<A>> f = epilogue_pointers<A>();
+    const std::vector<PtrField<A>> g = gemm_operand_pointers<A>();
+    f.insert(f.end(), g.begin(), g.end());
+    c = concat(c, overlap_cases<A>(f));
+  }
   c = concat(c, epilogue_cases<A>());
   c = concat(c, k_cases<A>());
   c = concat(c, gemm_operand_cases<A>());
@@ -310,7 +435,9 @@ std::vector<Case<m3qkv_fused_args>> fused_cases() {
 
 std::vector<Case<m3qkv_insert_args>> insert_cases() {
   using A = m3qkv_insert_args;
-  return concat(epilogue_cases<A>(), bad_pointer<A>("qkv", &A::qkv, true, 8, 16));
+  std::vector<PtrField<A>> f = epilogue_pointers<A>();
+  f.push_back(M3QKV_PTR_FIELD(A, qkv, false));
+  return concat(concat(epilogue_cases<A>(), bad_pointer<A>("qkv", &A::qkv, true, 8, 16)), overlap_cases<A>(f));
 }
 
 std::vector<Case<m3qkv_gemm_args>> gemm_cases() {
@@ -327,6 +454,11 @@ std::vector<Case<m3qkv_gemm_args>> gemm_cases() {
   c = concat(c, struct_size_cases<A>());
   c = concat(c, gemm_operand_cases<A>());
   c = concat(c, bad_pointer<A>("out", &A::out, true, 8, 16));
+  std::vector<PtrField<A>> f = gemm_operand_pointers<A>();
+  f.push_back(M3QKV_PTR_FIELD(A, out, true));
+  c = concat(c, overlap_cases<A>(f));
+  c.push_back({"out_ends_in_wq", [](A& a) { a.out = const_cast<char*>(static_cast<const char*>(a.wq)) - 7 * 2560 * 2 + 16; }, kArg,
+               {" out [0x", " wq [0x"}});
   return c;
 }
 
@@ -342,6 +474,11 @@ std::vector<Case<m3qkv_quantize_args>> quantize_cases() {
   c = concat(c, bad_pointer<A>("x", &A::x, true, 8, 16));
   c = concat(c, bad_pointer<A>("xq", &A::xq, true, 4, 16));
   c = concat(c, bad_pointer<A>("xsf", &A::xsf, true, 1, 16));
+  c = concat(c, overlap_cases<A>({M3QKV_PTR_FIELD(A, x, false), M3QKV_PTR_FIELD(A, xq, true),
+                                  M3QKV_PTR_FIELD(A, xsf, true)}));
+  // xsf is written whole, padding rows included (128 rows x 192 scale bytes at M 7).
+  c.push_back({"x_in_the_padding_rows_of_xsf", [](A& a) { a.x = static_cast<char*>(a.xsf) + 128 * 192 - 16; }, kArg,
+               {" xsf [0x", " x [0x"}});
   return c;
 }
 
@@ -377,7 +514,7 @@ TEST(Validation, MessageFormatIsExact) {
   m3qkv_fused_args a = valid_fused();
   a.k = 100;
   bool noop = false;
-  ASSERT_EQ(m3qkv::validate_fused(&a, &noop), M3QKV_ERROR_INVALID_SHAPE);
+  ASSERT_EQ(Api<m3qkv_fused_args>::validate(&a, &noop), M3QKV_ERROR_INVALID_SHAPE);
   EXPECT_STREQ(m3qkv_last_error(), "m3qkv_fused_qkv: k = 100 is not a multiple of 128");
 
   a = valid_fused();
@@ -396,7 +533,7 @@ TEST(Validation, NullArgsRejected) {
   EXPECT_EQ(m3qkv_mxfp8_quantize(nullptr, nullptr), M3QKV_ERROR_NULL_POINTER);
   EXPECT_STREQ(m3qkv_last_error(), "m3qkv_mxfp8_quantize: args = NULL");
   bool noop = true;
-  EXPECT_EQ(m3qkv::validate_fused(nullptr, &noop), M3QKV_ERROR_NULL_POINTER);
+  EXPECT_EQ(Api<m3qkv_fused_args>::validate(nullptr, &noop), M3QKV_ERROR_NULL_POINTER);
   EXPECT_FALSE(noop);
 }
 
@@ -434,8 +571,20 @@ TEST(Validation, ValidFusedVariantsPass) {
       {"cta_group 1", [](A& a) { a.cta_group = 1; }},
       {"cta_group 2", [](A& a) { a.cta_group = 2; }},
       {"grid 132, use_pdl 0", [](A& a) { a.grid = 132; a.use_pdl = 0; }},
-      {"eps 0 and -0", [](A& a) { a.eps = -0.0f; }},
+      {"eps: the smallest subnormal", [](A& a) { a.eps = 1e-45f; }},
       {"scales 0.5 / 2, tiny q scale", [](A& a) { a.k_scale = 0.5f; a.v_scale = 2.0f; a.q_fp8_scale = 1e-30f; }},
+      {"scales at the ends of the normal-reciprocal range (a subnormal scale has a normal reciprocal)",
+       [](A& a) { a.k_scale = 3e-39f; a.v_scale = 8.5e37f; a.q_fp8_scale = 5e-39f; }},
+      {"inputs may alias each other (one norm weight for q and k, positions as slots)",
+       [](A& a) { a.k_norm_weight = a.q_norm_weight; a.slot_mapping = a.positions; }},
+      {"the index cache in the padding of the KV pages (interleaved, disjoint)",
+       [](A& a) {
+         a.kv_page_stride = 4096;  // packed KV page 2304 B
+         a.index_page_stride = 4096;
+         a.index_cache = static_cast<char*>(a.kv_cache) + 2304;  // 1152 B: ends at 3456 < 4096
+       }},
+      {"q_out right after the last KV page (touching, not overlapping)",
+       [](A& a) { a.q_out = static_cast<char*>(a.kv_cache) + 3 * 2304 + 2304; }},
       {"block_size 4", [](A& a) { a.block_size = 4; }},
       {"block_size 128, exact pages",
        [](A& a) { a.block_size = 128; a.kv_page_stride = 2 * 128 * 72; a.index_page_stride = 128 * 72; }},
@@ -488,7 +637,7 @@ TEST(Validation, EmptyBatchIsNoopWithNullPointers) {
   f.kv_cache = f.index_cache = f.q_out = f.q_fp8_out = f.index_q_out = nullptr;
   f.error_flags = fake<uint32_t>(23, 1);  // misaligned, but never looked at
   bool noop = false;
-  EXPECT_EQ(m3qkv::validate_fused(&f, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(Api<m3qkv_fused_args>::validate(&f, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
   EXPECT_TRUE(noop);
   EXPECT_EQ(m3qkv_fused_qkv(&f, nullptr), M3QKV_SUCCESS) << m3qkv_last_error();
   EXPECT_STREQ(m3qkv_last_error(), "");
@@ -500,7 +649,7 @@ TEST(Validation, EmptyBatchIsNoopWithNullPointers) {
   i.kv_cache = nullptr;
   i.q_out = i.q_fp8_out = nullptr;
   noop = false;
-  EXPECT_EQ(m3qkv::validate_insert(&i, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(Api<m3qkv_insert_args>::validate(&i, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
   EXPECT_TRUE(noop);
   EXPECT_EQ(m3qkv_qknorm_rope_kv_insert(&i, nullptr), M3QKV_SUCCESS) << m3qkv_last_error();
 
@@ -675,3 +824,108 @@ TEST(ApiDevice, NoDeviceGivesUnsupportedDevice) {
 }
 
 }  // namespace
+
+// ---------------------------------------------------------------------------
+// struct_size: any released size of a struct (SPEC §8); fields past it read
+// as defaults.
+// ---------------------------------------------------------------------------
+template <class A>
+void expect_released_size_accepted(size_t v1) {
+  // What a binary built against m3qkv 0.1 passes: its sizeof, then whatever
+  // lies in memory after its struct (poison here).
+  std::vector<unsigned char> buf(sizeof(A) + 64, 0xAB);
+  A valid = Api<A>::valid();
+  valid.struct_size = v1;
+  std::memcpy(buf.data(), &valid, v1);
+  const A* args = reinterpret_cast<const A*>(buf.data());
+  A out;
+  std::memset(&out, 0x5C, sizeof(out));
+  bool noop = true;
+  ASSERT_EQ(Api<A>::validate(args, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_FALSE(noop);
+  ASSERT_EQ(Api<A>::validate_into(args, &out), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(out.struct_size, sizeof(A));
+  EXPECT_EQ(std::memcmp(reinterpret_cast<const char*>(&out) + sizeof(size_t),
+                        reinterpret_cast<const char*>(&valid) + sizeof(size_t), v1 - sizeof(size_t)),
+            0)
+      << "the caller's fields were not copied";
+  for (size_t i = v1; i < sizeof(A); ++i) {
+    EXPECT_EQ(reinterpret_cast<const unsigned char*>(&out)[i], 0) << "byte " << i << " past struct_size is not 0";
+  }
+}
+
+TEST(StructSize, TheReleasedSizesAreAccepted) {
+  // m3qkv 0.1 on LP64 (the first release; src/host/validate.cpp pins them).
+  expect_released_size_accepted<m3qkv_fused_args>(264);
+  expect_released_size_accepted<m3qkv_insert_args>(232);
+  expect_released_size_accepted<m3qkv_gemm_args>(80);
+  expect_released_size_accepted<m3qkv_quantize_args>(56);
+}
+
+TEST(StructSize, OtherSizesAreRejectedWithTheAcceptedOnes) {
+  m3qkv_fused_args a = valid_fused();
+  for (size_t bad : {size_t{8}, size_t{100}, sizeof(a) - 4, sizeof(a) + 4, size_t{1} << 40}) {
+    a.struct_size = bad;
+    EXPECT_EQ(m3qkv_fused_qkv(&a, nullptr), M3QKV_ERROR_STRUCT_SIZE) << bad;
+    const std::string msg = m3qkv_last_error();
+    EXPECT_NE(msg.find("struct_size = " + std::to_string(bad)), std::string::npos) << msg;
+    EXPECT_NE(msg.find(std::to_string(sizeof(a))), std::string::npos) << msg;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Extents: the overlap rule's geometry (src/host/extents.h).
+// ---------------------------------------------------------------------------
+using m3qkv::host::Extent;
+Extent contiguous(uint64_t lo, uint64_t bytes, bool written = true) { return Extent{"c", lo, bytes, bytes, 1, written}; }
+Extent paged(uint64_t lo, uint64_t span, uint64_t period, uint64_t count) {
+  return Extent{"p", lo, span, period, count, true};
+}
+
+TEST(Extents, ContiguousBuffersMeetWhenTheyShareAByte) {
+  EXPECT_FALSE(m3qkv::host::extents_overlap(contiguous(1000, 100), contiguous(1100, 100)));
+  EXPECT_TRUE(m3qkv::host::extents_overlap(contiguous(1000, 101), contiguous(1100, 100)));
+  EXPECT_TRUE(m3qkv::host::extents_overlap(contiguous(1000, 500), contiguous(1100, 1)));
+  EXPECT_FALSE(m3qkv::host::extents_overlap(contiguous(1000, 100), contiguous(900, 100)));
+}
+
+TEST(Extents, PagesAgainstAContiguousBuffer) {
+  const Extent pages = paged(1000, 60, 100, 3);  // [1000,1060) [1100,1160) [1200,1260)
+  EXPECT_FALSE(m3qkv::host::extents_overlap(pages, contiguous(1060, 40)));   // padding of page 0
+  EXPECT_TRUE(m3qkv::host::extents_overlap(pages, contiguous(1059, 41)));
+  EXPECT_TRUE(m3qkv::host::extents_overlap(pages, contiguous(1150, 20)));
+  EXPECT_FALSE(m3qkv::host::extents_overlap(pages, contiguous(1260, 500)));  // after the last page
+  EXPECT_TRUE(m3qkv::host::extents_overlap(pages, contiguous(1259, 500)));
+  EXPECT_TRUE(m3qkv::host::extents_overlap(pages, contiguous(900, 101)));
+  EXPECT_FALSE(m3qkv::host::extents_overlap(pages, contiguous(900, 100)));
+}
+
+TEST(Extents, InterleavedPagesOfOneStride) {
+  const Extent k = paged(1000, 60, 100, 3);
+  EXPECT_FALSE(m3qkv::host::extents_overlap(k, paged(1060, 40, 100, 3)));  // the halves of one page
+  EXPECT_TRUE(m3qkv::host::extents_overlap(k, paged(1059, 40, 100, 3)));
+  EXPECT_TRUE(m3qkv::host::extents_overlap(k, paged(1061, 40, 100, 3))) << "reaches into the next page";
+  EXPECT_FALSE(m3qkv::host::extents_overlap(k, paged(1160, 40, 100, 5)));  // starts two pages later
+  EXPECT_TRUE(m3qkv::host::extents_overlap(k, paged(800, 60, 100, 3))) << "b's page 2 is a's page 0";
+  EXPECT_FALSE(m3qkv::host::extents_overlap(k, paged(760, 40, 100, 3)));
+  EXPECT_FALSE(m3qkv::host::extents_overlap(k, paged(1300, 60, 100, 3)));  // pool after pool
+}
+
+TEST(Extents, DifferentStridesMeetWhenTheirHullsDo) {
+  EXPECT_TRUE(m3qkv::host::extents_overlap(paged(1000, 60, 100, 3), paged(1060, 20, 50, 4)));
+  EXPECT_FALSE(m3qkv::host::extents_overlap(paged(1000, 60, 100, 3), paged(1260, 20, 50, 4)));
+}
+
+TEST(Extents, OnlyWrittenBuffersMustNotOverlap) {
+  m3qkv::host::Extents e;
+  e.items[0] = Extent{"in_a", 1000, 100, 100, 1, false};
+  e.items[1] = Extent{"in_b", 1050, 100, 100, 1, false};
+  e.items[2] = Extent{"out", 2000, 10, 10, 1, true};
+  e.count = 3;
+  EXPECT_EQ(m3qkv::host::check_overlaps("f", &e), M3QKV_SUCCESS);
+  e.items[3] = Extent{"late", 1095, 10, 10, 1, true};
+  e.count = 4;
+  EXPECT_EQ(m3qkv::host::check_overlaps("f", &e), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(std::string(m3qkv_last_error()).rfind("f: late [0x447, 0x451) overlaps in_a [0x3e8, 0x44c)", 0), 0u)
+      << m3qkv_last_error();
+}

@@ -10,15 +10,17 @@
 
 namespace m3qkv_valid_args {
 
-// Fake pointers: distinct 1 MiB-spaced addresses far from anything mapped,
-// aligned to 1 MiB, plus an optional byte offset to make them misaligned.
-// Never dereferenced (validation rejects first; the dispatch tests' launchers
-// are recorders).
-constexpr uintptr_t kFakeBase = uintptr_t{1} << 44;
+// Fake pointers: distinct addresses far from anything mapped, plus an
+// optional byte offset to make them misaligned. Never dereferenced
+// (validation rejects first; the dispatch tests' launchers are recorders).
+// Slots are 2^44 bytes (16 TiB) apart, so even the largest valid shapes of
+// the tests (m = 2^31 - 1: xq 12 TiB) keep every buffer apart and pass the
+// overlap rule.
+constexpr uintptr_t kFakeSlotBytes = uintptr_t{1} << 44;
 
 template <class T = void>
 T* fake(int slot, uintptr_t offset = 0) {
-  return reinterpret_cast<T*>(kFakeBase + static_cast<uintptr_t>(slot) * 0x100000u + offset);
+  return reinterpret_cast<T*>((static_cast<uintptr_t>(slot) + 1) * kFakeSlotBytes + offset);
 }
 
 template <class A>

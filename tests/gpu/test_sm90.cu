@@ -122,7 +122,8 @@ void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int 
   a.use_pdl = run.use_pdl;
   a.grid = run.grid;
   bool noop = true;
-  M3QKV_OK(m3qkv::validate_fused(&a, &noop));
+  m3qkv_fused_args checked;
+  M3QKV_OK(m3qkv::validate_fused(&a, &checked, &noop));
   ASSERT_FALSE(noop);
   m3qkv::DeviceInfo dev;
   M3QKV_OK(m3qkv::current_device_info(&dev));
