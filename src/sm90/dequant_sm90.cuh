@@ -29,25 +29,43 @@ __device__ __forceinline__ uint32_t e4m3x2_hi_bytes_to_bf16x2_2m120(uint32_t v) 
 // bf16x2 of 2^(e) in both halves, e + 127 in [1, 254].
 __device__ __forceinline__ uint32_t bf16x2_pow2_biased(uint32_t biased) { return (biased << 7) | (biased << 23); }
 
+// Multiplying by 2^(s-127) in bf16, exactly (see above): one mul.rn.bf16x2
+// by 2^(s-7) for s <= 134, else two (2^127, then 2^(s-134)).
+struct Pow2Bf16 {
+  uint32_t m1, m2;
+  bool big;
+};
+__device__ __forceinline__ Pow2Bf16 make_pow2_bf16(uint32_t s) {
+  Pow2Bf16 f;
+  f.big = s > 134u;
+  f.m1 = bf16x2_pow2_biased(f.big ? 254u : s + 120u);
+  f.m2 = bf16x2_pow2_biased(s - 7u);  // used only when big: s - 7 in [128, 248]
+  return f;
+}
+// bf16x2 of b·2^-120 (e4m3x2_hi_bytes_to_bf16x2_2m120) times 2^(s-127).
+__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t v, const Pow2Bf16& f) {
+  const uint32_t o = ptx::mul_rn_bf16x2(v, f.m1);
+  return f.big ? ptx::mul_rn_bf16x2(o, f.m2) : o;
+}
+// Bytes (0, 1) and (2, 3) of an e4m3 word as bf16x2 pairs times 2^(s-127).
+__device__ __forceinline__ uint32_t dequant_e4m3_lo_pair(uint32_t w, const Pow2Bf16& f) {
+  // __byte_perm selector nibbles pick bytes of (w, 0): 4 = zero byte.
+  return scale_bf16x2(e4m3x2_hi_bytes_to_bf16x2_2m120(__byte_perm(w, 0u, 0x1404u)), f);  // [0, b0, 0, b1]
+}
+__device__ __forceinline__ uint32_t dequant_e4m3_hi_pair(uint32_t w, const Pow2Bf16& f) {
+  return scale_bf16x2(e4m3x2_hi_bytes_to_bf16x2_2m120(__byte_perm(w, 0u, 0x3424u)), f);  // [0, b2, 0, b3]
+}
+
 // 16 e4m3 (one 16-byte chunk, element 0 in the lowest byte) times 2^(s-127)
 // -> 16 bf16 in two 16-byte chunks (elements 0..7 in *lo, 8..15 in *hi).
 __device__ __forceinline__ void dequant16_e4m3_to_bf16(const uint4 in, uint32_t s, uint4* lo, uint4* hi) {
-  const bool big = s > 134u;
-  const uint32_t m1 = bf16x2_pow2_biased(big ? 254u : s + 120u);
-  const uint32_t m2 = bf16x2_pow2_biased(s - 7u);  // used only when big: s - 7 in [128, 248]
+  const Pow2Bf16 f = make_pow2_bf16(s);
   const uint32_t w[4] = {in.x, in.y, in.z, in.w};
   uint32_t o[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    // __byte_perm selector nibbles pick bytes of (w, 0): 4 = zero byte.
-    const uint32_t v01 = __byte_perm(w[i], 0u, 0x1404u);  // [0, b0, 0, b1]
-    const uint32_t v23 = __byte_perm(w[i], 0u, 0x3424u);  // [0, b2, 0, b3]
-    o[2 * i] = ptx::mul_rn_bf16x2(e4m3x2_hi_bytes_to_bf16x2_2m120(v01), m1);
-    o[2 * i + 1] = ptx::mul_rn_bf16x2(e4m3x2_hi_bytes_to_bf16x2_2m120(v23), m1);
-  }
-  if (big) {
-#pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = ptx::mul_rn_bf16x2(o[i], m2);
+    o[2 * i] = dequant_e4m3_lo_pair(w[i], f);
+    o[2 * i + 1] = dequant_e4m3_hi_pair(w[i], f);
   }
   *lo = make_uint4(o[0], o[1], o[2], o[3]);
   *hi = make_uint4(o[4], o[5], o[6], o[7]);

@@ -4,10 +4,13 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <utility>
 
 #include "common/epilogue.cuh"
 #include "common/tensor_map.h"
+#include "sm90/decode_config.h"
 #include "sm90/kernel_sm90.cuh"
 #include "sm90/sm90.h"
 
@@ -50,6 +53,7 @@ m3qkv_status prepare_device(const DeviceInfo& dev) {
   if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return M3QKV_SUCCESS;
   cudaError_t e = sm90::prepare_fp8promo();
   if (e == cudaSuccess) e = sm90::prepare_bf16dq();
+  if (e == cudaSuccess) e = sm90::decode::prepare_decode();
   if (e != cudaSuccess)
     return fail(M3QKV_ERROR_CUDA_ERROR, "sm90: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) on device %d: %s (%s)",
                 dev.device, cudaGetErrorName(e), cudaGetErrorString(e));
@@ -68,7 +72,100 @@ m3qkv_status prepare_device(const DeviceInfo& dev) {
   return M3QKV_SUCCESS;
 }
 
+// Split-K workspace of the decode kernel, one per (device, stream): partial
+// slots and arrival counters that each launch leaves at zero. Concurrent calls
+// on different streams must not share it; calls on one stream are ordered.
+// INTERIM: replaced by the host layer's per-(context, stream) service.
+struct StreamWorkspace {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+m3qkv_status decode_workspace(const DeviceInfo& dev, cudaStream_t s, size_t bytes, size_t zero_bytes, void** out) {
+  static std::mutex mu;
+  static std::map<std::pair<int, unsigned long long>, StreamWorkspace> table;
+  unsigned long long id = 0;
+  cudaError_t e = cudaStreamGetId(s, &id);
+  if (e != cudaSuccess)
+    return fail(M3QKV_ERROR_CUDA_ERROR, "m3qkv_fused_qkv: cudaStreamGetId: %s (%s)", cudaGetErrorName(e),
+                cudaGetErrorString(e));
+  std::lock_guard<std::mutex> lock(mu);
+  StreamWorkspace& w = table[{dev.device, id}];
+  if (w.bytes < bytes) {
+    // The old buffer may still be in use by earlier launches on the stream:
+    // it is kept (growth is geometric, so this leaks O(log) buffers at most).
+    size_t want = w.bytes * 2 > bytes ? w.bytes * 2 : bytes;
+    void* p = nullptr;
+    e = cudaMalloc(&p, want);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();
+      return fail(M3QKV_ERROR_CUDA_ERROR, "m3qkv_fused_qkv: cudaMalloc(%zu) for the decode workspace: %s (%s)", want,
+                  cudaGetErrorName(e), cudaGetErrorString(e));
+    }
+    e = cudaMemsetAsync(p, 0, zero_bytes < want ? zero_bytes : want, s);
+    if (e != cudaSuccess)
+      return fail(M3QKV_ERROR_CUDA_ERROR, "m3qkv_fused_qkv: cudaMemsetAsync(decode workspace): %s (%s)",
+                  cudaGetErrorName(e), cudaGetErrorString(e));
+    w.ptr = p;
+    w.bytes = want;
+  }
+  *out = w.ptr;
+  return M3QKV_SUCCESS;
+}
+
 }  // namespace
+
+bool sm90_uses_decode(int64_t m) { return m >= 1 && m <= sm90::kDecodeMaxM; }
+
+m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
+                               int split) {
+  if (a.m < 1 || a.m > sm90::kDecodeMaxM)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: m = %lld is outside [1, %lld]",
+                static_cast<long long>(a.m), static_cast<long long>(sm90::kDecodeMaxM));
+  if (split < 0)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: split = %d must be >= 0 (0 = automatic)", split);
+  SM90_TRY(prepare_device(dev));
+  const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
+  const int ks = static_cast<int>(a.k / sm90::kBK);
+  const sm90::DecodePlan plan = sm90::plan_decode(a.m, heads, ks, dev.num_sms, split, a.grid);
+  if (plan.nt == 0 || plan.units > INT32_MAX)
+    return fail(M3QKV_ERROR_INTERNAL, "sm90_fused_decode: no decode plan for m = %lld, %d heads, k = %lld",
+                static_cast<long long>(a.m), heads, static_cast<long long>(a.k));
+
+  CUtensorMap tmap_w, tmap_x;
+  SM90_TRY(make_tensor_map_2d_u8(&tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
+                                 static_cast<uint64_t>(heads) * kHeadDim, static_cast<uint64_t>(a.k), sm90::decode::kBK,
+                                 sm90::decode::kHeadRows, CU_TENSOR_MAP_SWIZZLE_NONE));
+  SM90_TRY(make_tensor_map_2d_u8(&tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k), static_cast<uint64_t>(a.m),
+                                 static_cast<uint64_t>(a.k), sm90::decode::kBK, static_cast<uint32_t>(plan.nt),
+                                 CU_TENSOR_MAP_SWIZZLE_NONE));
+
+  sm90::decode::Params p;
+  p.m = static_cast<int32_t>(a.m);
+  p.heads = heads;
+  p.k_stages = ks;
+  p.token_blocks = plan.token_blocks;
+  p.split = plan.split;
+  p.units = static_cast<int32_t>(plan.units);
+  p.xsf = static_cast<const uint8_t*>(a.xsf);
+  p.wsf = static_cast<const uint8_t*>(a.wsf);
+  p.counters = nullptr;
+  p.partials = nullptr;
+  if (plan.split > 1) {
+    void* ws = nullptr;
+    SM90_TRY(decode_workspace(dev, s, static_cast<size_t>(plan.workspace_bytes), static_cast<size_t>(plan.counter_bytes),
+                              &ws));
+    p.counters = static_cast<uint32_t*>(ws);
+    p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + plan.counter_bytes);
+  }
+  p.acc_tap = acc_tap;
+  p.n = static_cast<int64_t>(heads) * kHeadDim;
+  p.epi = epi::make_epilogue_params(a);
+  const cudaError_t e = sm90::decode::launch_decode(plan.nt, tmap_w, tmap_x, p, plan.grid, a.use_pdl != 0, s);
+  if (e != cudaSuccess)
+    return fail(M3QKV_ERROR_CUDA_ERROR, "m3qkv_fused_qkv: SM90 decode kernel launch (NT %d, split %d, grid %d): %s (%s)",
+                plan.nt, plan.split, plan.grid, cudaGetErrorName(e), cudaGetErrorString(e));
+  return M3QKV_SUCCESS;
+}
 
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                 int variant, int block_m, int epilogue, int split) {
@@ -187,6 +284,7 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
+  if (sm90_uses_decode(a.m)) return sm90_fused_decode(a, dev, acc_tap, s, 0);
   return sm90_fused_variant(a, dev, acc_tap, s, kSm90DefaultVariant, 0, kSm90DefaultEpilogue, 0);
 }
 
