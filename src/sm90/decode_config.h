@@ -24,8 +24,8 @@ constexpr int kConsumerWarps = kConsumerThreads / 32;
 constexpr int kProducerWarp = kConsumerWarps;
 constexpr int kThreads = kConsumerThreads + kWarpgroup;
 constexpr int kLaunchRegs = (65536 / kThreads) & ~7;
-constexpr int kProducerRegs = 40;
-constexpr int kConsumerRegs = 232;
+constexpr int kProducerRegs = 24;
+constexpr int kConsumerRegs = 240;
 static_assert(kProducerRegs * kWarpgroup + kConsumerRegs * kConsumerThreads <= kLaunchRegs * kThreads,
               "setmaxnreg: the registers allocated at launch cover the increased consumers");
 constexpr int kHeadRows = 128;   // weight rows per unit (one head)
@@ -52,11 +52,27 @@ constexpr int decode_a_byte(int q, int s, int e) { return 16 * q + 4 * s + 2 * (
 // of a token to this column of its bf16 row.
 constexpr int decode_logical_col(int p) { return 16 * ((p % 16) / 4) + 8 * ((p % 4) / 2) + 2 * (p / 16) + p % 2; }
 
-// Number of bf16 B buffers (one per wgmma step, NT token rows × 64 bf16). A
-// buffer is rewritten two steps after the group that read it was waited for
-// in both warpgroups (decode_sm90.cu, "Ordering"): 3 suffice; 4 make the ring
-// exactly the size of the f32 reduction tile [NT][128] it shares memory with.
-constexpr int kBBuffers = 4;
+// The bf16 B ring: one buffer per 64-K step (NT token rows × 64 bf16), two
+// per stage, for three stages. The consumers convert a whole stage, meet at
+// one barrier, then issue its 8 wgmmas; stage i writes the buffers of stage
+// i - 3, whose group both warpgroups retired (wait_group 1 at the end of
+// stage i - 2) before the barrier of stage i - 1 (decode_sm90.cu, "Ordering").
+constexpr int kBStageSlots = 3;
+constexpr int kBBuffers = kBStageSlots * 2;
+
+// Test-only timeline (decode_set_trace): one %globaltimer stamp per event and
+// CTA; "last" events are taken on the CTA's last unit.
+enum TraceEvent : int {
+  kTrEntry = 0,      // kernel entry (thread 0)
+  kTrPdlDone,        // producer: after griddepcontrol.wait
+  kTrFirstFull,      // consumer thread 0: first stage landed
+  kTrMainDone,       // consumer thread 0: last unit's mainloop (wgmma) done
+  kTrArrived,        // consumer thread 0: last unit's partial stored and counted
+  kTrEpiDone,        // consumer thread 0: last unit finished (reduction + epilogue if last arriver)
+  kTrUnits,          // value: units this CTA walked
+  kTrLastArrivals,   // value: units for which this CTA was the last arriver
+  kTraceEvents = 8
+};
 
 template <int NT>
 struct Config {
@@ -65,13 +81,13 @@ struct Config {
   static constexpr int kAccRegs = NT / 2;  // f32 accumulators per thread (m64 × NT per warpgroup)
 
   // ---- shared memory --------------------------------------------------------
-  // [B ring: kBBuffers × NT × 128 B | aliased by the reduction tile T: NT × 128 f32]
+  // [B ring: kBBuffers × NT × 128 B, its first NT × 512 B aliased by the reduction tile T: NT × 128 f32]
   // [stages × (W: 128 × 128 e4m3 | X: NT × 128 e4m3 | wsf chunk | xsf chunk)]
   // [full[kStages] | empty[kStages] | unit flag word]
   static constexpr int kBBufBytes = NT * kStepK * 2;
   static constexpr int kRingBytes = kBBuffers * kBBufBytes;
   static constexpr int kTileBytes = NT * kHeadRows * 4;  // reduction tile T
-  static_assert(kRingBytes == kTileBytes, "T aliases the B ring exactly");
+  static_assert(kRingBytes >= kTileBytes, "T fits in the B ring it aliases");
   static constexpr int kWBytes = kHeadRows * kBK;
   static constexpr int kXBytes = NT * kBK;
   static constexpr int kStageBytes = kWBytes + kXBytes + 2 * kSfChunk;
@@ -94,8 +110,8 @@ struct Config {
   static_assert(kStages >= 3, "at least 3 stages (48 KiB of weights) in flight per SM");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget");
   static_assert(kBBufBytes % kSwizzleAtom == 0, "B buffers: 1024-B aligned 128B-swizzle atoms");
-  static_assert(kStageOff % kSwizzleAtom == 0 && kStageBytes % 128 == 0 && kXOff % 128 == 0,
-                "TMA destinations 128-B aligned");
+  static_assert(kStageOff % kSwizzleAtom == 0 && kStageBytes % kSwizzleAtom == 0 && kXOff % kSwizzleAtom == 0,
+                "TMA destinations: the 128B-swizzled X tile needs 1024-B alignment");
   static_assert(kWsfOff % 16 == 0 && kXsfOff % 16 == 0, "bulk-copy destinations 16-B aligned");
   // > half of the SM's shared memory: one CTA per SM, whose register file the
   // setmaxnreg split above divides.
@@ -117,6 +133,8 @@ struct Params {
   float* acc_tap;        // test only: f32 accumulator [M, N], or null
   int64_t n;             // N (tap row stride)
   epi::EpilogueParams epi;
+  uint64_t* trace;       // test only: [trace_ctas][kTraceEvents] stamps (ns), or null
+  int32_t trace_ctas;
 };
 
 // Unit u = (head · token_blocks + token block) · split + s.
@@ -138,7 +156,10 @@ __host__ __device__ inline Unit unit_of(const Params& p, int u) {
 // Host entry points of decode_sm90.cu.
 cudaError_t prepare_decode();  // cudaFuncSetAttribute (max dynamic smem) of every instance
 // nt = 16, 32, 64 or 128 (the plan's token block); tmap_w: wq [N, K] box
-// 128 x 128, tmap_x: xq [M, K] box 128 x nt, both without swizzle.
+// 128 x 128 without swizzle, tmap_x: xq [M, K] box 128 x nt with the 128-B swizzle.
+// Test-only timeline: while set, every decode launch writes kTraceEvents
+// stamps per CTA for CTAs 0..ctas-1 into buffer[cta * kTraceEvents + event].
+void decode_set_trace(uint64_t* device_buffer, int ctas);
 cudaError_t launch_decode(int nt, const CUtensorMap& tmap_w, const CUtensorMap& tmap_x, const Params& p, int grid,
                           bool pdl, cudaStream_t s);
 

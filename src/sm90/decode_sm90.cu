@@ -22,18 +22,23 @@
 // the same logical order, so the sum over K is unchanged — only its order,
 // which SPEC §3 leaves to the hardware.
 //
-// Ordering (one named barrier per step over the 256 consumers):
-//   step i: [A regs set i%2] [convert X into B buffer i%4] fence.proxy.async
-//           bar(i)  wgmma group i  commit  wait_group 1 (group i-1 retired)
-//   B buffer i%4 was last read by group i-4, retired in both warpgroups before
-//   bar(i-2); A set i%2 by group i-2, retired by this thread's wait at step i-1.
+// Ordering (one named barrier per 128-K stage over the 256 consumers):
+//   stage i: [A regs set i%2, both 64-K steps] [convert X into B buffers of
+//            slot i%3] fence.proxy.async  bar(i)  wgmma group i (8 wgmmas)
+//            commit  wait_group 1 (group i-1 retired)
+//   slot i%3 was last read by group i-3, retired in both warpgroups by their
+//   wait at the end of stage i-2, before bar(i-1); A set i%2 by group i-2,
+//   retired by this thread's wait at the end of stage i-1.
 #include <cuda.h>
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "common/epilogue_quad.cuh"
 #include "common/layouts.h"
 #include "ptx/elect.cuh"
 #include "ptx/fence.cuh"
+#include "ptx/globaltimer.cuh"
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
@@ -66,11 +71,13 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) wgmma::fence_operand(r[i]);
 }
-__device__ __forceinline__ void fence_regs(uint32_t (&a)[4][4]) {
+__device__ __forceinline__ void fence_regs(uint32_t (&a)[kStepsPerStage][kMmasPerStep][4]) {
 #pragma unroll
-  for (int s = 0; s < 4; ++s)
+  for (int c2 = 0; c2 < kStepsPerStage; ++c2)
 #pragma unroll
-    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
+    for (int s = 0; s < kMmasPerStep; ++s)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[c2][s][i])::"memory");
 }
 
 // Byte (r, scale column c) of a 512-B F8_128x4 chunk is at
@@ -83,49 +90,68 @@ __device__ __forceinline__ int sf_word_offset(int r) { return (r % 32) * 16 + (r
 // bank conflicts.
 __device__ __forceinline__ int tile_index(int n, int c) { return n * kHeadRows + (c ^ ((n & 3) << 3)); }
 
-// A fragments of one 64-K step: rows r and r + 8, physical bytes [16q, 16q+16)
-// of step c2 of the stage's weight tile (row-major, 128 B per row, no
-// swizzle), dequantized with the row's scale of MX block 2·c2 + q/2.
-__device__ __forceinline__ void load_a_step(const uint8_t* w_tile, int r, int q, int c2, uint32_t sw_r, uint32_t sw_r8,
-                                            uint32_t (&a)[4][4]) {
-  const int off = 64 * c2 + 16 * q;
-  const uint4 wr = *reinterpret_cast<const uint4*>(w_tile + r * kBK + off);
-  const uint4 wr8 = *reinterpret_cast<const uint4*>(w_tile + (r + 8) * kBK + off);
-  const int blk = 2 * c2 + q / 2;
-  const Pow2Bf16 fr = make_pow2_bf16((sw_r >> (8 * blk)) & 0xffu);
-  const Pow2Bf16 fr8 = make_pow2_bf16((sw_r8 >> (8 * blk)) & 0xffu);
-  const uint32_t vr[4] = {wr.x, wr.y, wr.z, wr.w};
-  const uint32_t vr8[4] = {wr8.x, wr8.y, wr8.z, wr8.w};
+// The A fragments of one stage: rows r and r + 8, physical bytes [16q, 16q+16)
+// of each 64-K step c2 of the stage's weight tile (row-major, 128 B per row,
+// no swizzle), dequantized with the row's scale of MX block 2·c2 + q/2.
+// a[c2][s] is the fragment of k16 slice s of step c2.
+template <bool kBig>
+__device__ __forceinline__ void load_a_stage(const uint8_t* w_tile, int r, int q, uint32_t sw_r, uint32_t sw_r8,
+                                             uint32_t (&a)[kStepsPerStage][kMmasPerStep][4]) {
 #pragma unroll
-  for (int s = 0; s < kMmasPerStep; ++s) {
-    a[s][0] = dequant_e4m3_lo_pair(vr[s], fr);   // row r,     logical 2q, 2q+1
-    a[s][1] = dequant_e4m3_lo_pair(vr8[s], fr8); // row r + 8
-    a[s][2] = dequant_e4m3_hi_pair(vr[s], fr);   // row r,     logical 2q+8, 2q+9
-    a[s][3] = dequant_e4m3_hi_pair(vr8[s], fr8); // row r + 8
+  for (int c2 = 0; c2 < kStepsPerStage; ++c2) {
+    const uint4 wr = *reinterpret_cast<const uint4*>(w_tile + r * kBK + 64 * c2 + 16 * q);
+    const uint4 wr8 = *reinterpret_cast<const uint4*>(w_tile + (r + 8) * kBK + 64 * c2 + 16 * q);
+    const int blk = 2 * c2 + q / 2;
+    const Pow2Bf16 fr = make_pow2_bf16((sw_r >> (8 * blk)) & 0xffu);
+    const Pow2Bf16 fr8 = make_pow2_bf16((sw_r8 >> (8 * blk)) & 0xffu);
+    const uint32_t vr[4] = {wr.x, wr.y, wr.z, wr.w};
+    const uint32_t vr8[4] = {wr8.x, wr8.y, wr8.z, wr8.w};
+#pragma unroll
+    for (int s = 0; s < kMmasPerStep; ++s) {
+      a[c2][s][0] = dequant_e4m3_lo_pair<kBig>(vr[s], fr);    // row r,     logical 2q, 2q+1
+      a[c2][s][1] = dequant_e4m3_lo_pair<kBig>(vr8[s], fr8);  // row r + 8
+      a[c2][s][2] = dequant_e4m3_hi_pair<kBig>(vr[s], fr);    // row r,     logical 2q+8, 2q+9
+      a[c2][s][3] = dequant_e4m3_hi_pair<kBig>(vr8[s], fr8);  // row r + 8
+    }
   }
 }
 
-// Converter task (token n, k16 step s) of 64-K step c2: physical bytes
-// 16q + 4s + {0..3} for q = 0..3 of token n -> logical columns 16s + 2q + {0,1}
-// (16-B unit 2s of the bf16 row) and 16s + 8 + 2q + {0,1} (unit 2s + 1); the
-// rows of the B tile are 128 B, 16-B units XOR-swizzled by n % 8 (the
-// K-major 128B-swizzle layout of the wgmma descriptor). `sx` = the token's 4
-// scale bytes of the stage (MX block 2·c2 for q < 2, 2·c2 + 1 for q >= 2).
-__device__ __forceinline__ void convert_x_task(const uint8_t* x_tile, uint8_t* b_buf, int n, int s, int c2,
+// Converter task (token n, k16 slice s, half h, step c2): physical bytes
+// 16q + 4s + {2h, 2h+1} for q = 0..3 of token n -> logical columns
+// 16s + 8h + 2q + {0, 1}: 16-B unit 2s + h of the token's bf16 row in the
+// step's B buffer (rows of 128 B, 16-B units XOR-swizzled by n % 8: the
+// K-major 128B-swizzle layout of the wgmma descriptor). The raw X tile is
+// TMA-written with the same swizzle (16-B unit u of row n at u ^ (n % 8)), so
+// the 8 tokens a quarter warp converts hit 8 different bank groups in both.
+// `sx` = the token's 4 scale bytes of the stage (MX block 2·c2 for q < 2,
+// 2·c2 + 1 for q >= 2).
+template <bool kBig>
+__device__ __forceinline__ void convert_x_task(const uint8_t* x_tile, uint8_t* b_buf, int n, int s, int h, int c2,
                                                uint32_t sx) {
   const Pow2Bf16 f0 = make_pow2_bf16((sx >> (16 * c2)) & 0xffu);
   const Pow2Bf16 f1 = make_pow2_bf16((sx >> (16 * c2 + 8)) & 0xffu);
-  const uint8_t* src = x_tile + n * kBK + 64 * c2 + 4 * s;
+  const uint8_t* row = x_tile + n * kBK;
   uint32_t w[4];
 #pragma unroll
-  for (int q = 0; q < 4; ++q) w[q] = *reinterpret_cast<const uint32_t*>(src + 16 * q);
-  const uint4 lo = make_uint4(dequant_e4m3_lo_pair(w[0], f0), dequant_e4m3_lo_pair(w[1], f0),
-                              dequant_e4m3_lo_pair(w[2], f1), dequant_e4m3_lo_pair(w[3], f1));
-  const uint4 hi = make_uint4(dequant_e4m3_hi_pair(w[0], f0), dequant_e4m3_hi_pair(w[1], f0),
-                              dequant_e4m3_hi_pair(w[2], f1), dequant_e4m3_hi_pair(w[3], f1));
-  uint8_t* row = b_buf + n * 128;
-  *reinterpret_cast<uint4*>(row + (((2 * s) ^ (n & 7)) << 4)) = lo;
-  *reinterpret_cast<uint4*>(row + (((2 * s + 1) ^ (n & 7)) << 4)) = hi;
+  for (int q = 0; q < 4; ++q)
+    w[q] = *reinterpret_cast<const uint32_t*>(row + (((4 * c2 + q) ^ (n & 7)) << 4) + 4 * s);
+  uint4 o;
+  if (h == 0)
+    o = make_uint4(dequant_e4m3_lo_pair<kBig>(w[0], f0), dequant_e4m3_lo_pair<kBig>(w[1], f0),
+                   dequant_e4m3_lo_pair<kBig>(w[2], f1), dequant_e4m3_lo_pair<kBig>(w[3], f1));
+  else
+    o = make_uint4(dequant_e4m3_hi_pair<kBig>(w[0], f0), dequant_e4m3_hi_pair<kBig>(w[1], f0),
+                   dequant_e4m3_hi_pair<kBig>(w[2], f1), dequant_e4m3_hi_pair<kBig>(w[3], f1));
+  *reinterpret_cast<uint4*>(b_buf + n * 128 + (((2 * s + h) ^ (n & 7)) << 4)) = o;
+}
+
+// Test-only timeline (decode_set_trace).
+__device__ __forceinline__ void trace_value(const Params& p, int ev, uint64_t v) {
+  if (p.trace != nullptr && static_cast<int>(blockIdx.x) < p.trace_ctas)
+    p.trace[static_cast<int64_t>(blockIdx.x) * kTraceEvents + ev] = v;
+}
+__device__ __forceinline__ void trace_event(const Params& p, int ev) {
+  if (p.trace != nullptr) trace_value(p, ev, ptx::globaltimer());
 }
 
 // -------------------------------------------------------------------- roles
@@ -143,6 +169,7 @@ __device__ __forceinline__ void producer(const Params& p, const CUtensorMap* tma
     for (int kb = w.k0; kb < w.k1; ++kb) ptx::cp_async_bulk_prefetch_tensor_2d_l2(tmap_w, kb * kBK, w.head * kHeadRows);
   }
   griddepcontrol_wait();
+  trace_event(p, kTrPdlDone);
   Ring<C::kStages> ring;
   for (int u = blockIdx.x; u < p.units; u += gridDim.x) {
     const Unit w = unit_of(p, u);
@@ -166,7 +193,7 @@ __device__ __forceinline__ void producer(const Params& p, const CUtensorMap* tma
 // workspace, arrival; the last arriver sums the partials in the order s = 0..S-1
 // and runs the epilogue. Returns after a barrier that frees T / the B ring.
 template <int NT>
-__device__ __forceinline__ void finish_unit(const Params& p, const Unit& w, int u, float (&acc)[NT / 2], float* T,
+__device__ __forceinline__ bool finish_unit(const Params& p, const Unit& w, int u, float (&acc)[NT / 2], float* T,
                                             volatile uint32_t* flag) {
   const int t = threadIdx.x;
   const int wg = t / kWarpgroup, warp = (t % kWarpgroup) / 32, l = t % 32, q = l % 4;
@@ -200,6 +227,7 @@ __device__ __forceinline__ void finish_unit(const Params& p, const Unit& w, int 
     }
     ptx::bar_sync(kBarrierNamed, kConsumerThreads);
     last = *flag != 0u;
+    if (t == 0) trace_event(p, kTrArrived);
     if (last) {
       __threadfence();  // acquire: the other units' partials after their arrivals
       const float* base = p.partials + static_cast<int64_t>(u - w.s) * NT * kHeadRows;
@@ -249,6 +277,66 @@ __device__ __forceinline__ void finish_unit(const Params& p, const Unit& w, int 
   }
   // T is the B ring of the next unit.
   ptx::bar_sync(kBarrierNamed, kConsumerThreads);
+  return last;
+}
+
+// One stage of the consumers (both 64-K steps): A set `a` and the stage's B
+// buffers converted, the stage released, one barrier, 8 wgmmas; then the
+// wait that retires the previous stage's group and the fence that keeps the
+// previous A set `a_prev` alive until then.
+template <int NT>
+__device__ __forceinline__ void consume_stage(const Params& p, const uint8_t* st, uint8_t* smem, uint32_t smem_s,
+                                              uint32_t empty, uint32_t bslot, int r, int q, int n, int tb, bool first,
+                                              float (&acc)[NT / 2], uint32_t (&a)[kStepsPerStage][kMmasPerStep][4],
+                                              uint32_t (&a_prev)[kStepsPerStage][kMmasPerStep][4]) {
+  using C = Config<NT>;
+  const int t = threadIdx.x;
+  // Converter tasks: this thread's token is n = t % NT for all of them (NT
+  // divides 256); (s, h, c2) = bits of t / NT + i · 256 / NT.
+  constexpr int kTasksPerThread = NT * kMmasPerStep * 2 * kStepsPerStage / kConsumerThreads;
+  static_assert(kTasksPerThread >= 1 && kConsumerThreads % NT == 0, "converter tasks cover the stage evenly");
+  const uint32_t sw_r = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r));
+  const uint32_t sw_r8 = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r + 8));
+  const uint32_t sx = *reinterpret_cast<const uint32_t*>(st + C::kXsfOff + sf_word_offset((tb * NT) % 128 + n));
+  uint8_t* bbuf = smem + C::kRingOff + bslot * (kStepsPerStage * C::kBBufBytes);
+  auto convert = [&](auto big) {
+    constexpr bool kBig = decltype(big)::value;
+    load_a_stage<kBig>(st + C::kWOff, r, q, sw_r, sw_r8, a);
+#pragma unroll
+    for (int i = 0; i < kTasksPerThread; ++i) {
+      const int k = t / NT + i * (kConsumerThreads / NT);  // 0 .. 15
+      const int s = k % kMmasPerStep, h = (k / kMmasPerStep) % 2, c2 = k / (2 * kMmasPerStep);
+      convert_x_task<kBig>(st + C::kXOff, bbuf + c2 * C::kBBufBytes, n, s, h, c2, sx);
+    }
+  };
+  // Scales above 2^7 need a second multiply: a warp-uniform choice, so the
+  // common case issues one multiply per pair (MXFP8 scales sit near 2^-8).
+  if (__any_sync(0xffffffffu, any_big_scale(sw_r) || any_big_scale(sw_r8) || any_big_scale(sx)))
+    convert(std::true_type{});
+  else
+    convert(std::false_type{});
+  // Every read of the stage's shared memory is done: release it to the producer.
+  __syncwarp();
+  if ((t % 32) == 0) ptx::mbarrier_arrive(empty);
+  // Generic-proxy stores read next by wgmma (async proxy): fence in every
+  // writing thread before the barrier (HOPPER.md "Ordering").
+  ptx::fence_proxy_async_shared_cta();
+  ptx::bar_sync(kBarrierNamed, kConsumerThreads);
+  const uint64_t db = wgmma::make_desc_kmajor_sw128(smem_s + C::kRingOff + bslot * (kStepsPerStage * C::kBBufBytes));
+  // No register fence on acc inside the unit: its only writers are the wgmmas,
+  // so a fence here would "define" registers of a group in flight and
+  // serialize it (ptxas C7515).
+  wgmma::fence_sync_aligned();
+#pragma unroll
+  for (int c2 = 0; c2 < kStepsPerStage; ++c2)
+#pragma unroll
+    for (int s = 0; s < kMmasPerStep; ++s)
+      mma_rs<NT>(acc, a[c2][s], wgmma::desc_advance(db + c2 * (C::kBBufBytes >> 4), 32 * s),
+                 (first && c2 == 0 && s == 0) ? 0u : 1u);
+  wgmma::commit_group_sync_aligned();
+  wgmma::wait_group_sync_aligned<1>();
+  // The previous stage's group is retired: its A set may be rewritten.
+  fence_regs(a_prev);
 }
 
 template <int NT>
@@ -258,75 +346,46 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
   const int t = threadIdx.x;
   const int wg = t / kWarpgroup, warp = (t % kWarpgroup) / 32, l = t % 32, q = l % 4;
   const int r = 64 * wg + 16 * warp + l / 4;  // weight rows r and r + 8 of the head
-  constexpr int kTasks = NT * kMmasPerStep;   // converter tasks (token, k16 step) per 64-K step
-  constexpr int kTasksPerThread = (kTasks + kConsumerThreads - 1) / kConsumerThreads;
+  const int n = t % NT;                       // this thread's converter token
   float* T = reinterpret_cast<float*>(smem + C::kRingOff);
   griddepcontrol_wait();  // the epilogue reads inputs and the workspace of this launch
 
   Ring<C::kStages> ring;
-  uint32_t gstep = 0;      // steps walked by this CTA: B buffer gstep % kBBuffers
-  uint32_t a_odd[4][4];    // A set of odd steps: live until the wait that retires its group
+  uint32_t gstage = 0;  // stages walked by this CTA: B slot gstage % kBStageSlots
+  // The two A sets alternate by stage (compile-time names: the stage loop is
+  // unrolled by two). A set stays live until the wait that retires its group.
+  uint32_t a0[kStepsPerStage][kMmasPerStep][4], a1[kStepsPerStage][kMmasPerStep][4];
+  int units = 0, lasts = 0;
   for (int u = blockIdx.x; u < p.units; u += gridDim.x) {
     const Unit w = unit_of(p, u);
     float acc[C::kAccRegs];  // the unit's first wgmma ignores D (scale_d = 0)
-    uint32_t a_even[4][4];  // A set of even steps (retired at the odd step of the same stage)
-    for (int kb = w.k0; kb < w.k1; ++kb) {
+    auto stage = [&](int kb, auto& a, auto& a_prev) {
       ptx::mbarrier_wait(full0 + 8 * ring.idx, ring.phase);
-      const uint8_t* st = smem + C::kStageOff + ring.idx * C::kStageBytes;
-      const uint32_t sw_r = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r));
-      const uint32_t sw_r8 = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r + 8));
-      uint32_t sx[kTasksPerThread];
-#pragma unroll
-      for (int i = 0; i < kTasksPerThread; ++i) {
-        const int n = (t + i * kConsumerThreads) / kMmasPerStep;
-        sx[i] = n < NT ? *reinterpret_cast<const uint32_t*>(st + C::kXsfOff + sf_word_offset((w.tb * NT) % 128 + n)) : 0u;
-      }
-#pragma unroll
-      for (int c2 = 0; c2 < kStepsPerStage; ++c2) {
-        uint32_t(&a)[4][4] = c2 == 0 ? a_even : a_odd;
-        load_a_step(st + C::kWOff, r, q, c2, sw_r, sw_r8, a);
-        uint8_t* bbuf = smem + C::kRingOff + (gstep % kBBuffers) * C::kBBufBytes;
-#pragma unroll
-        for (int i = 0; i < kTasksPerThread; ++i) {
-          const int task = t + i * kConsumerThreads;
-          if (task < kTasks) convert_x_task(st + C::kXOff, bbuf, task / kMmasPerStep, task % kMmasPerStep, c2, sx[i]);
-        }
-        if (c2 == kStepsPerStage - 1) {
-          // Every read of the stage's shared memory is done (the values are in
-          // registers / the B tile): release it to the producer.
-          __syncwarp();
-          if (l == 0) ptx::mbarrier_arrive(empty0 + 8 * ring.idx);
-        }
-        // Generic-proxy stores read next by wgmma (async proxy): fence in every
-        // writing thread before the barrier (HOPPER.md "Ordering").
-        ptx::fence_proxy_async_shared_cta();
-        ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-        const uint64_t db = wgmma::make_desc_kmajor_sw128(smem_s + C::kRingOff + (gstep % kBBuffers) * C::kBBufBytes);
-        // No register fence on acc inside the unit: its only writers are the
-        // wgmmas (and the zeroing before the first), so a fence here would
-        // "define" registers of a group in flight and serialize it (ptxas C7515).
-        wgmma::fence_sync_aligned();
-#pragma unroll
-        for (int s = 0; s < kMmasPerStep; ++s)
-          mma_rs<NT>(acc, a[s], wgmma::desc_advance(db, 32 * s), (kb != w.k0 || c2 != 0 || s != 0) ? 1u : 0u);
-        wgmma::commit_group_sync_aligned();
-        wgmma::wait_group_sync_aligned<1>();
-        // The group of the previous step is retired: its A set may be rewritten.
-        // (No fence on acc here: this step's group still accumulates into it.)
-        if (c2 == 0)
-          fence_regs(a_odd);
-        else
-          fence_regs(a_even);
-        ++gstep;
-      }
+      if (t == 0 && units == 0 && kb == w.k0) trace_event(p, kTrFirstFull);
+      consume_stage<NT>(p, smem + C::kStageOff + ring.idx * C::kStageBytes, smem, smem_s, empty0 + 8 * ring.idx,
+                        gstage % kBStageSlots, r, q, n, w.tb, kb == w.k0, acc, a, a_prev);
       ring.advance();
+      ++gstage;
+    };
+    // Every unit starts with set a0: the previous unit's wait_group 0 retired both.
+    for (int kb = w.k0; kb < w.k1; kb += 2) {
+      stage(kb, a0, a1);
+      if (kb + 1 < w.k1) stage(kb + 1, a1, a0);
     }
     wgmma::wait_group_sync_aligned<0>();
     fence_regs(acc);
-    fence_regs(a_odd);
+    fence_regs(a0);
+    fence_regs(a1);
+    if (t == 0) trace_event(p, kTrMainDone);
     // Both warpgroups' wgmmas have read the B ring before T overwrites it.
     ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-    finish_unit<NT>(p, w, u, acc, T, flag);
+    lasts += finish_unit<NT>(p, w, u, acc, T, flag) ? 1 : 0;
+    if (t == 0) trace_event(p, kTrEpiDone);
+    ++units;
+  }
+  if (t == 0) {
+    trace_value(p, kTrUnits, static_cast<uint64_t>(units));
+    trace_value(p, kTrLastArrivals, static_cast<uint64_t>(lasts));
   }
 }
 
@@ -346,6 +405,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t empty0 = full0 + 8 * C::kMaxStages;
   volatile uint32_t* flag = reinterpret_cast<volatile uint32_t*>(smem + C::kBarOff + 16 * C::kMaxStages);
   if (threadIdx.x == 0) {
+    trace_event(p, kTrEntry);
     for (int s = 0; s < C::kStages; ++s) {
       ptx::mbarrier_init(full0 + 8 * s, 1);
       ptx::mbarrier_init(empty0 + 8 * s, kConsumerWarps);
@@ -375,6 +435,16 @@ cudaError_t decode_set_smem() {
                               Config<NT>::kSmemBytes);
 }
 
+namespace {
+uint64_t* g_trace = nullptr;
+int g_trace_ctas = 0;
+}  // namespace
+
+void decode_set_trace(uint64_t* device_buffer, int ctas) {
+  g_trace = ctas > 0 ? device_buffer : nullptr;
+  g_trace_ctas = g_trace != nullptr ? ctas : 0;
+}
+
 cudaError_t prepare_decode() {
   cudaError_t e = decode_set_smem<16>();
   if (e == cudaSuccess) e = decode_set_smem<32>();
@@ -398,7 +468,10 @@ cudaError_t launch_decode_nt(const CUtensorMap& tw, const CUtensorMap& tx, const
     cfg.attrs = attr;
     cfg.numAttrs = 1;
   }
-  return cudaLaunchKernelEx(&cfg, m3qkv_sm90_decode_kernel<NT>, tw, tx, p);
+  Params pt = p;
+  pt.trace = g_trace;
+  pt.trace_ctas = g_trace_ctas;
+  return cudaLaunchKernelEx(&cfg, m3qkv_sm90_decode_kernel<NT>, tw, tx, pt);
 }
 
 cudaError_t launch_decode(int nt, const CUtensorMap& tw, const CUtensorMap& tx, const Params& p, int grid, bool pdl,

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "common/epilogue.cuh"
 #include "common/tensor_map.h"
@@ -74,37 +76,68 @@ m3qkv_status prepare_device(const DeviceInfo& dev) {
 
 // Split-K workspace of the decode kernel, one per (device, stream): partial
 // slots and arrival counters that each launch leaves at zero. Concurrent calls
-// on different streams must not share it; calls on one stream are ordered.
-// INTERIM: replaced by the host layer's per-(context, stream) service.
-struct StreamWorkspace {
-  void* ptr = nullptr;
-  size_t bytes = 0;
+// on different streams must not share one; calls on one stream are ordered.
+// INTERIM (to move into the host layer's per-context service): streams are
+// named by cudaStreamGetId outside capture and by their handle during capture
+// (cudaStreamGetId is refused while a stream captures: seen on the H200,
+// cudaErrorStreamCaptureUnsupported); the allocation runs with the thread's
+// capture mode exchanged to relaxed and the zeroing on a private stream, so
+// nothing joins a capture; buffers are freed at process exit.
+struct WorkspaceTable {
+  struct Entry {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  std::mutex mu;
+  std::map<std::tuple<int, int, unsigned long long>, Entry> live;
+  std::vector<void*> retired;
+  std::map<int, cudaStream_t> zero_streams;
+  ~WorkspaceTable() {
+    for (auto& kv : live) (void)cudaFree(kv.second.ptr);
+    for (void* p : retired) (void)cudaFree(p);
+    (void)cudaGetLastError();
+  }
 };
+WorkspaceTable& workspaces() {
+  static WorkspaceTable t;
+  return t;
+}
+
 m3qkv_status decode_workspace(const DeviceInfo& dev, cudaStream_t s, size_t bytes, size_t zero_bytes, void** out) {
-  static std::mutex mu;
-  static std::map<std::pair<int, unsigned long long>, StreamWorkspace> table;
+  const char* fn = "m3qkv_fused_qkv: decode workspace";
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(s, &cs);
+  if (e != cudaSuccess) return fail(M3QKV_ERROR_CUDA_ERROR, "%s: cudaStreamIsCapturing: %s", fn, cudaGetErrorName(e));
+  const bool capturing = cs != cudaStreamCaptureStatusNone;
   unsigned long long id = 0;
-  cudaError_t e = cudaStreamGetId(s, &id);
-  if (e != cudaSuccess)
-    return fail(M3QKV_ERROR_CUDA_ERROR, "m3qkv_fused_qkv: cudaStreamGetId: %s (%s)", cudaGetErrorName(e),
-                cudaGetErrorString(e));
-  std::lock_guard<std::mutex> lock(mu);
-  StreamWorkspace& w = table[{dev.device, id}];
+  if (capturing) {
+    id = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s));
+  } else if ((e = cudaStreamGetId(s, &id)) != cudaSuccess) {
+    return fail(M3QKV_ERROR_CUDA_ERROR, "%s: cudaStreamGetId: %s", fn, cudaGetErrorName(e));
+  }
+  WorkspaceTable& t = workspaces();
+  std::lock_guard<std::mutex> lock(t.mu);
+  WorkspaceTable::Entry& w = t.live[std::make_tuple(dev.device, capturing ? 1 : 0, id)];
   if (w.bytes < bytes) {
-    // The old buffer may still be in use by earlier launches on the stream:
-    // it is kept (growth is geometric, so this leaks O(log) buffers at most).
-    size_t want = w.bytes * 2 > bytes ? w.bytes * 2 : bytes;
+    const size_t want = w.bytes * 2 > bytes ? w.bytes * 2 : bytes;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    e = cudaThreadExchangeStreamCaptureMode(&mode);
     void* p = nullptr;
-    e = cudaMalloc(&p, want);
+    if (e == cudaSuccess) e = cudaMalloc(&p, want);
+    cudaStream_t& zs = t.zero_streams[dev.device];
+    if (e == cudaSuccess && zs == nullptr) e = cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, zero_bytes < want ? zero_bytes : want, zs);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     if (e != cudaSuccess) {
+      if (p != nullptr) (void)cudaFree(p);
       (void)cudaGetLastError();
-      return fail(M3QKV_ERROR_CUDA_ERROR, "m3qkv_fused_qkv: cudaMalloc(%zu) for the decode workspace: %s (%s)", want,
-                  cudaGetErrorName(e), cudaGetErrorString(e));
+      return fail(M3QKV_ERROR_CUDA_ERROR, "%s: allocating %zu bytes: %s (%s)", fn, want, cudaGetErrorName(e),
+                  cudaGetErrorString(e));
     }
-    e = cudaMemsetAsync(p, 0, zero_bytes < want ? zero_bytes : want, s);
-    if (e != cudaSuccess)
-      return fail(M3QKV_ERROR_CUDA_ERROR, "m3qkv_fused_qkv: cudaMemsetAsync(decode workspace): %s (%s)",
-                  cudaGetErrorName(e), cudaGetErrorString(e));
+    // The old buffer may still be in use by earlier launches (or a captured
+    // graph): kept until exit (growth is geometric: O(log) buffers).
+    if (w.ptr != nullptr) t.retired.push_back(w.ptr);
     w.ptr = p;
     w.bytes = want;
   }

@@ -14,6 +14,7 @@
 //    with the split size (reported: the summation order differs).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <string>
@@ -25,6 +26,7 @@
 #include "golden/golden.h"
 #include "gpu/gpu_util.h"
 #include "gpu/harness.h"
+#include "sm90/decode_config.h"
 #include "sm90/decode_plan.h"
 #include "sm90/sm90.h"
 
@@ -48,6 +50,11 @@ m3qkv_status decode_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev
     return m3qkv::sm90_fused_decode(a, dev, tap, s, split);
   else
     return M3QKV_ERROR_UNSUPPORTED_DEVICE;
+}
+
+template <bool kHave = kBuiltSm90>
+void decode_trace(uint64_t* buf, int ctas) {
+  if constexpr (kHave) m3qkv::sm90::decode::decode_set_trace(buf, ctas);
 }
 
 #define M3QKV_REQUIRE_SM90_DECODE()                                                                                \
@@ -316,5 +323,85 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Sm90DecodeRandom,
                                            RandomCase{kTP8, 33, 6144}, RandomCase{kTP1, 7, 2048},
                                            RandomCase{kTP2, 256, 1024}, RandomCase{kDense, 129, 2048}),
                          [](const ::testing::TestParamInfo<RandomCase>& i) { return random_name(i.param); });
+
+// ------------------------------------------------------------ timeline
+// Not a check: the per-CTA %globaltimer timeline of one decode call (cold L2:
+// a 256 MiB memset first; then warm), median / p90 over CTAs, µs from the
+// earliest kernel entry. Run with --gtest_also_run_disabled_tests.
+TEST(Sm90DecodeTiming, DISABLED_Timeline) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  namespace dec = m3qkv::sm90::decode;
+  constexpr int kCtas = 1024;
+  DeviceBuffer trace(size_t(kCtas) * dec::kTraceEvents * sizeof(uint64_t));
+  CUDA_OK(trace.error());
+  DeviceBuffer flush(size_t(256) << 20);  // > 50 MiB L2
+  CUDA_OK(flush.error());
+  const char* names[] = {"entry", "pdl_done", "first_full", "main_done", "arrived", "unit_done"};
+  struct Case {
+    Heads h;
+    int64_t m;
+  };
+  for (const Case& c : {Case{kTP4, 1}, Case{kTP4, 64}, Case{kTP4, 128}, Case{kTP8, 1}, Case{kTP1, 1}}) {
+    const Problem p = make_problem(config(c.h, c.m, 6144, /*exact=*/false, 128));
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    DeviceOutputs d;
+    CUDA_OK(d.init(p, 0));
+    m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
+    m3qkv::DeviceInfo dev;
+    M3QKV_OK(m3qkv::current_device_info(&dev));
+    const m3qkv::sm90::DecodePlan plan =
+        m3qkv::sm90::plan_decode(c.m, int(p.n() / 128), int(p.k / 128), dev.num_sms);
+    Stream s;
+    CUDA_OK(s.error());
+    Event e0, e1;
+    CUDA_OK(e0.error());
+    CUDA_OK(e1.error());
+    for (int cold = 1; cold >= 0; --cold) {
+      for (int i = 0; i < 3; ++i) M3QKV_OK(decode_call(a, dev, nullptr, s.get(), 0));
+      if (cold) CUDA_OK(cudaMemsetAsync(flush.get(), cold, flush.size(), s.get()));
+      CUDA_OK(cudaMemsetAsync(trace.get(), 0, trace.size(), s.get()));
+      decode_trace(trace.as<uint64_t>(), kCtas);
+      CUDA_OK(cudaEventRecord(e0.get(), s.get()));
+      M3QKV_OK(decode_call(a, dev, nullptr, s.get(), 0));
+      CUDA_OK(cudaEventRecord(e1.get(), s.get()));
+      decode_trace(nullptr, 0);
+      CUDA_OK(cudaEventSynchronize(e1.get()));
+      float ms = 0.f;
+      CUDA_OK(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
+      std::vector<uint64_t> t;
+      CUDA_OK(trace.download_as(&t));
+      auto at = [&](int cta, int ev) { return t[size_t(cta) * dec::kTraceEvents + ev]; };
+      int ctas = 0;
+      uint64_t t0 = ~0ull, lasts = 0, units = 0;
+      for (int k = 0; k < kCtas; ++k)
+        if (at(k, dec::kTrEntry) != 0) {
+          ++ctas;
+          t0 = std::min(t0, at(k, dec::kTrEntry));
+          units += at(k, dec::kTrUnits);
+          lasts += at(k, dec::kTrLastArrivals);
+        }
+      std::printf("[ trace ] %s M%lld K6144 %s L2: call %.1f us (events); plan nt %d split %d grid %d units %lld; "
+                  "%d CTAs traced, %llu units, %llu last arrivals\n",
+                  c.h.name, static_cast<long long>(c.m), cold ? "cold" : "warm", 1e3 * double(ms), plan.nt,
+                  plan.split, plan.grid, static_cast<long long>(plan.units), ctas,
+                  static_cast<unsigned long long>(units), static_cast<unsigned long long>(lasts));
+      ASSERT_GT(ctas, 0);
+      for (int ev = 0; ev <= dec::kTrEpiDone; ++ev) {
+        std::vector<double> v;
+        for (int k = 0; k < kCtas; ++k)
+          if (at(k, dec::kTrEntry) != 0 && at(k, ev) != 0) v.push_back(1e-3 * double(at(k, ev) - t0));
+        if (v.empty()) {
+          std::printf("[ trace ]   %-11s (no CTA)\n", names[ev]);
+          continue;
+        }
+        std::sort(v.begin(), v.end());
+        std::printf("[ trace ]   %-11s n %4zu  min %8.2f  p50 %8.2f  p90 %8.2f  max %8.2f us\n", names[ev], v.size(),
+                    v.front(), v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+      }
+    }
+  }
+}
 
 }  // namespace
