@@ -140,6 +140,12 @@ m3qkv_status enter_primary(const char* fn, int device, ContextScope* scope, Devi
   return enter(fn, *c, primary, cur, scope, dev);
 }
 
+ContextState* find_context(unsigned long long id) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  const auto it = states().find(id);
+  return it != states().end() ? it->second.get() : nullptr;
+}
+
 void testing_forget_contexts() {
   {
     std::lock_guard<std::mutex> lock(g_mu);

@@ -45,7 +45,7 @@ struct ContextState {
   } once[static_cast<int>(OnceSlot::kCount)];
   // Stream workspaces (host/workspace.cpp), under workspace_mu.
   std::mutex workspace_mu;
-  std::unordered_map<unsigned long long, Workspace> workspaces;  // by cudaStreamGetId
+  std::unordered_map<unsigned long long, Workspace> workspaces;  // by stream key (workspace.cpp)
   std::vector<void*> retired;           // outgrown buffers, kept (workspace.cpp says why)
   cudaStream_t zero_stream = nullptr;   // non-blocking stream of this context for the zeroing
 };
@@ -71,6 +71,9 @@ m3qkv_status enter_stream(const char* fn, cudaStream_t stream, ContextScope* sco
 // does not exist yet), current while `scope` lives. Touches no other device
 // and leaves the runtime's current device of the thread as it was.
 m3qkv_status enter_primary(const char* fn, int device, ContextScope* scope, DeviceInfo* dev);
+
+// The record of context `id`, or NULL when no call has run in it.
+ContextState* find_context(unsigned long long id);
 
 // Test only (host/cuda.h testing_install_cuda): forget every context state.
 void testing_forget_contexts();

@@ -19,9 +19,10 @@ cudaError_t rt_memset_async(void* p, int v, size_t bytes, cudaStream_t s) { retu
 // completely, then published through g_table, so no reader sees it change.
 const Cuda g_runtime_only = {
     &cudaGetLastError, &cudaGetDeviceCount, &cudaGetDevice, &cudaSetDevice, &cudaDeviceGetAttribute,
-    &cudaDriverGetVersion, &cudaStreamGetId, &rt_malloc, &rt_memset_async, &cudaStreamCreateWithFlags,
-    &cudaStreamSynchronize, &cudaThreadExchangeStreamCaptureMode,
-    false, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+    &cudaDriverGetVersion, &cudaStreamGetId, &cudaStreamIsCapturing, &rt_malloc, &cudaFree, &rt_memset_async,
+    &cudaStreamCreateWithFlags, &cudaStreamSynchronize, &cudaStreamDestroy, &cudaThreadExchangeStreamCaptureMode,
+    false, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
+    nullptr,
 };
 Cuda g_real;
 std::atomic<const Cuda*> g_real_current{&g_runtime_only};  // &g_real once resolved
@@ -63,6 +64,8 @@ m3qkv_status resolve_real(const char* fn) {
   M3QKV_TRY(resolve(fn, "cuCtxGetDevice", 2000, &t.ctx_get_device));
   M3QKV_TRY(resolve(fn, "cuStreamGetCtx", 9020, &t.stream_get_ctx));
   M3QKV_TRY(resolve(fn, "cuDevicePrimaryCtxRetain", 7000, &t.primary_ctx_retain));
+  M3QKV_TRY(resolve(fn, "cuDevicePrimaryCtxRelease", 11000, &t.primary_ctx_release));
+  M3QKV_TRY(resolve(fn, "cuDevicePrimaryCtxGetState", 7000, &t.primary_ctx_get_state));
   M3QKV_TRY(resolve(fn, "cuPointerGetAttributes", 7000, &t.pointer_get_attributes));
   M3QKV_TRY(resolve(fn, "cuTensorMapEncodeTiled", 12000, &t.tensor_map_encode_tiled));
   t.driver_resolved = true;

@@ -25,10 +25,13 @@ struct Cuda {
   cudaError_t (*device_get_attribute)(int*, cudaDeviceAttr, int);
   cudaError_t (*driver_get_version)(int*);
   cudaError_t (*stream_get_id)(cudaStream_t, unsigned long long*);
+  cudaError_t (*stream_is_capturing)(cudaStream_t, cudaStreamCaptureStatus*);
   cudaError_t (*malloc)(void**, size_t);
+  cudaError_t (*free)(void*);
   cudaError_t (*memset_async)(void*, int, size_t, cudaStream_t);
   cudaError_t (*stream_create_with_flags)(cudaStream_t*, unsigned);
   cudaError_t (*stream_synchronize)(cudaStream_t);
+  cudaError_t (*stream_destroy)(cudaStream_t);
   cudaError_t (*exchange_capture_mode)(cudaStreamCaptureMode*);
   // ---- driver (NULL until resolved)
   bool driver_resolved;
@@ -40,6 +43,8 @@ struct Cuda {
   PFN_cuCtxGetDevice_v2000 ctx_get_device;  // of the current context
   PFN_cuStreamGetCtx_v9020 stream_get_ctx;
   PFN_cuDevicePrimaryCtxRetain_v7000 primary_ctx_retain;
+  PFN_cuDevicePrimaryCtxRelease_v11000 primary_ctx_release;
+  PFN_cuDevicePrimaryCtxGetState_v7000 primary_ctx_get_state;
   PFN_cuPointerGetAttributes_v7000 pointer_get_attributes;
   PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encode_tiled;
 };

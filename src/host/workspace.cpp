@@ -19,8 +19,29 @@ struct LastWorkspace {
 };
 thread_local LastWorkspace t_last;
 
+// Frees the workspaces at exit; made with the first allocation, so that it
+// is destroyed before the CUDA runtime's own exit handler runs.
+struct ReleaseAtExit {
+  ~ReleaseAtExit() { release_workspaces(); }
+};
+
+// The stream's key: its id, or (while it captures) its handle; bit 0 says which.
+m3qkv_status stream_key(const Cuda& c, cudaStream_t stream, unsigned long long* key) {
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  M3QKV_CUDA_TRY(kFn, c.stream_is_capturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) {
+    *key = (static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(stream)) << 1) | 1u;
+    return M3QKV_SUCCESS;
+  }
+  unsigned long long id = 0;
+  M3QKV_CUDA_TRY(kFn, c.stream_get_id(stream, &id));
+  *key = id << 1;
+  return M3QKV_SUCCESS;
+}
+
 // cudaMalloc of `bytes` with the capture mode relaxed, then the zeroing.
 m3qkv_status allocate(const Cuda& c, ContextState& st, size_t bytes, void** out) {
+  static ReleaseAtExit release;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   M3QKV_CUDA_TRY(kFn, c.exchange_capture_mode(&mode));
   void* p = nullptr;
@@ -31,6 +52,7 @@ m3qkv_status allocate(const Cuda& c, ContextState& st, size_t bytes, void** out)
   const size_t zero = bytes < kWorkspaceZeroBytes ? bytes : kWorkspaceZeroBytes;
   if (e == cudaSuccess) e = c.memset_async(p, 0, zero, st.zero_stream);
   if (e == cudaSuccess) e = c.stream_synchronize(st.zero_stream);
+  if (e != cudaSuccess && p != nullptr) (void)c.free(p);
   cudaStreamCaptureMode restore = mode;
   const cudaError_t e2 = c.exchange_capture_mode(&restore);
   if (e != cudaSuccess) return cuda_fail(kFn, "cudaMalloc / cudaMemsetAsync of the workspace", e);
@@ -45,15 +67,15 @@ m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
   if (dev.context == nullptr) return fail(M3QKV_ERROR_INTERNAL, "%s: DeviceInfo without a context", kFn);
   ContextState& st = *dev.context;
   const Cuda& c = cuda_unresolved();  // enter_* resolved it
-  unsigned long long sid = 0;
-  M3QKV_CUDA_TRY(kFn, c.stream_get_id(stream, &sid));
+  unsigned long long key = 0;
+  M3QKV_TRY(stream_key(c, stream, &key));
   const unsigned long long gen = context_generation();
-  if (t_last.generation == gen && t_last.context == st.id && t_last.stream == sid && t_last.ws.bytes >= bytes) {
+  if (t_last.generation == gen && t_last.context == st.id && t_last.stream == key && t_last.ws.bytes >= bytes) {
     *out = t_last.ws.ptr;
     return M3QKV_SUCCESS;
   }
   std::lock_guard<std::mutex> lock(st.workspace_mu);
-  Workspace& ws = st.workspaces[sid];
+  Workspace& ws = st.workspaces[key];
   if (ws.bytes < bytes) {
     size_t want = bytes > 2 * ws.bytes ? bytes : 2 * ws.bytes;
     want = (want + kAlign - 1) / kAlign * kAlign;
@@ -62,9 +84,40 @@ m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
     if (ws.ptr != nullptr) st.retired.push_back(ws.ptr);
     ws = Workspace{p, want};
   }
-  t_last = LastWorkspace{gen, st.id, sid, ws};
+  t_last = LastWorkspace{gen, st.id, key, ws};
   *out = ws.ptr;
   return M3QKV_SUCCESS;
+}
+
+void release_workspaces() {
+  const Cuda* c = nullptr;
+  int count = 0;
+  if (cuda("m3qkv: exit", &c) != M3QKV_SUCCESS || c->get_device_count(&count) != cudaSuccess) {
+    (void)cuda_unresolved().get_last_error();
+    return;
+  }
+  for (int d = 0; d < count; ++d) {
+    unsigned flags = 0;
+    int active = 0;
+    if (c->primary_ctx_get_state(d, &flags, &active) != CUDA_SUCCESS || !active) continue;
+    CUcontext ctx = nullptr;
+    unsigned long long id = 0;
+    if (c->primary_ctx_retain(&ctx, d) != CUDA_SUCCESS) continue;
+    ContextState* st = c->ctx_get_id(ctx, &id) == CUDA_SUCCESS ? find_context(id) : nullptr;
+    if (st != nullptr && c->ctx_push_current(ctx) == CUDA_SUCCESS) {
+      std::lock_guard<std::mutex> lock(st->workspace_mu);
+      for (auto& kv : st->workspaces) (void)c->free(kv.second.ptr);
+      for (void* p : st->retired) (void)c->free(p);
+      if (st->zero_stream != nullptr) (void)c->stream_destroy(st->zero_stream);
+      st->workspaces.clear();
+      st->retired.clear();
+      st->zero_stream = nullptr;
+      CUcontext popped = nullptr;
+      (void)c->ctx_pop_current(&popped);
+    }
+    (void)c->primary_ctx_release(d);
+  }
+  (void)c->get_last_error();  // nothing here is anyone's business after exit
 }
 
 }  // namespace m3qkv::host

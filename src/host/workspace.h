@@ -15,24 +15,34 @@ namespace m3qkv::host {
 constexpr size_t kWorkspaceZeroBytes = size_t{64} << 10;
 
 // *out = a device buffer of at least `bytes` bytes owned by m3qkv for the
-// pair (dev.context, stream), where the stream is named by its
-// cudaStreamGetId (unique in the process, unlike handles, which are reused).
+// pair (dev.context, stream). A stream is named by its cudaStreamGetId
+// (unique in the process, unlike handles, which are reused) when it is not
+// capturing, and by its handle while it captures (the runtime refuses
+// cudaStreamGetId then): the graphs captured on one stream share that
+// stream's capture workspace, so replay them in order, as a serving loop
+// does, not concurrently with each other.
 //  - Its first min(kWorkspaceZeroBytes, size) bytes were zeroed when it was
 //    allocated (synchronously: they are zero before any later work on any
 //    stream); the rest holds whatever earlier calls left.
 //  - Grown on demand (to max(bytes, 2 x the old size)). The outgrown buffer
-//    is kept, not freed: a CUDA graph captured earlier may still use it, and
-//    the library cannot know when the last replay is done. Buffers live as
-//    long as their context (a stream never seen again keeps its buffer).
+//    is kept, not freed: earlier launches, or a CUDA graph captured earlier,
+//    may still use it.
 //  - Legal during stream capture: the allocation runs with the thread's
 //    capture mode exchanged to relaxed (cudaThreadExchangeStreamCaptureMode,
 //    the CUDA-documented way for a library to cudaMalloc while a capture is
 //    open), and the zeroing runs on a non-blocking stream of m3qkv's own, so
-//    nothing joins the captured stream. cudaMallocAsync on the stream would
-//    make a graph-owned allocation that a later direct call could not use.
+//    nothing joins the captured stream. (cudaMallocAsync on the stream would
+//    make a graph-owned allocation that a later direct call could not use.)
 //  - Thread-safe; once a stream's buffer is large enough a call allocates
-//    nothing and takes no lock on the thread that used it last (O(1) otherwise).
+//    nothing and takes no lock on the thread that used it last (O(1)
+//    otherwise): two CUDA queries (cudaStreamIsCapturing, cudaStreamGetId).
+//  - Freed at process exit for the primary contexts still alive then (so
+//    leak checkers stay quiet); buffers of a context that died went with it.
 // Call with dev from enter_* (its context current).
 m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out);
+
+// Frees every workspace of each device's live primary context (runs once at
+// process exit; public for the CPU test).
+void release_workspaces();
 
 }  // namespace m3qkv::host

@@ -9,6 +9,8 @@
 #include "common/epilogue.cuh"
 #include "host/once.h"
 #include "host/tensor_map.h"
+#include "host/workspace.h"
+#include "sm90/decode_config.h"
 #include "sm90/kernel_sm90.cuh"
 #include "sm90/plan_sm90.h"
 #include "sm90/sm90.h"
@@ -49,6 +51,7 @@ m3qkv_status prepare_device(const DeviceInfo& dev, const Sm90Setup** out) {
   return host::once(kFn, dev, host::OnceSlot::kSm90, [](Sm90Setup* s) -> m3qkv_status {
     cudaError_t e = sm90::prepare_fp8promo();
     if (e == cudaSuccess) e = sm90::prepare_bf16dq();
+    if (e == cudaSuccess) e = sm90::decode::prepare_decode();
     if (e != cudaSuccess) return cuda_fail(kFn, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the SM90 kernels", e);
     for (int v = 0; v < 2; ++v)
       for (int ep = 0; ep < 2; ++ep)
@@ -70,6 +73,59 @@ int max_clusters(const Sm90Setup& s, int variant, int epilogue, int split) {
 }
 
 }  // namespace
+
+bool sm90_uses_decode(int64_t m) { return m >= 1 && m <= sm90::kDecodeMaxM; }
+
+m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
+                               int split) {
+  if (a.m < 1 || a.m > sm90::kDecodeMaxM)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: m = %lld is outside [1, %lld]",
+                static_cast<long long>(a.m), static_cast<long long>(sm90::kDecodeMaxM));
+  if (split < 0)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: split = %d must be >= 0 (0 = automatic)", split);
+  const Sm90Setup* setup = nullptr;
+  M3QKV_TRY(prepare_device(dev, &setup));
+  const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
+  const int ks = static_cast<int>(a.k / sm90::kBK);
+  const sm90::DecodePlan plan = sm90::plan_decode(a.m, heads, ks, dev.num_sms, split, a.grid);
+  if (plan.nt == 0 || plan.units > INT32_MAX)
+    return fail(M3QKV_ERROR_INTERNAL, "sm90_fused_decode: no decode plan for m = %lld, %d heads, k = %lld",
+                static_cast<long long>(a.m), heads, static_cast<long long>(a.k));
+
+  CUtensorMap tmap_w, tmap_x;
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
+                                        static_cast<uint64_t>(heads) * kHeadDim, static_cast<uint64_t>(a.k),
+                                        sm90::decode::kBK, sm90::decode::kHeadRows, CU_TENSOR_MAP_SWIZZLE_NONE));
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k),
+                                        static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k), sm90::decode::kBK,
+                                        static_cast<uint32_t>(plan.nt), CU_TENSOR_MAP_SWIZZLE_NONE));
+
+  sm90::decode::Params p;
+  p.m = static_cast<int32_t>(a.m);
+  p.heads = heads;
+  p.k_stages = ks;
+  p.token_blocks = plan.token_blocks;
+  p.split = plan.split;
+  p.units = static_cast<int32_t>(plan.units);
+  p.xsf = static_cast<const uint8_t*>(a.xsf);
+  p.wsf = static_cast<const uint8_t*>(a.wsf);
+  p.counters = nullptr;
+  p.partials = nullptr;
+  if (plan.split > 1) {
+    // The arrival counters lie in the workspace's zeroed head (kernels leave them zero).
+    if (plan.counter_bytes > static_cast<int64_t>(host::kWorkspaceZeroBytes))
+      return fail(M3QKV_ERROR_INTERNAL, "sm90_fused_decode: %lld counter bytes exceed the zeroed workspace head",
+                  static_cast<long long>(plan.counter_bytes));
+    void* ws = nullptr;
+    M3QKV_TRY(host::stream_workspace(dev, s, static_cast<size_t>(plan.workspace_bytes), &ws));
+    p.counters = static_cast<uint32_t*>(ws);
+    p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + plan.counter_bytes);
+  }
+  p.acc_tap = acc_tap;
+  p.n = static_cast<int64_t>(heads) * kHeadDim;
+  p.epi = epi::make_epilogue_params(a);
+  return sm90::decode::launch_decode(plan.nt, tmap_w, tmap_x, p, plan.grid, a.use_pdl != 0, s);
+}
 
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                 int variant, int block_m, int epilogue, int split) {
@@ -126,6 +182,7 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
+  if (sm90_uses_decode(a.m)) return sm90_fused_decode(a, dev, acc_tap, s, 0);
   return sm90_fused_variant(a, dev, acc_tap, s, kSm90DefaultVariant, 0, kSm90DefaultEpilogue, 0);
 }
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -54,6 +55,8 @@ struct FakeCuda {
   std::vector<int> retain_log;
   std::vector<std::pair<void*, size_t>> mallocs;
   std::vector<std::pair<void*, size_t>> memsets;
+  std::vector<void*> frees;
+  std::set<cudaStream_t> capturing;  // streams cudaStreamIsCapturing reports as capturing
   std::vector<cudaStreamCaptureMode> capture_modes;  // modes passed to exchange_capture_mode
   int streams_created = 0;
 
@@ -269,15 +272,71 @@ CUresult f_tensor_map_encode_tiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t
   return CUDA_SUCCESS;
 }
 
+cudaError_t f_stream_is_capturing(cudaStream_t s, cudaStreamCaptureStatus* st) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  *st = f.capturing.count(s) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  return cudaSuccess;
+}
+cudaError_t f_free(void* p) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.frees.push_back(p);
+  return cudaSuccess;
+}
+cudaError_t f_stream_destroy(cudaStream_t) {
+  fake_cuda().calls++;
+  return cudaSuccess;
+}
+CUresult f_primary_ctx_release(CUdevice) {
+  fake_cuda().calls++;
+  return CUDA_SUCCESS;
+}
+CUresult f_primary_ctx_get_state(CUdevice d, unsigned* flags, int* active) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  *flags = 0;
+  *active = f.primary.count(d) ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+m3qkv::host::Cuda make_fake_table() {
+  m3qkv::host::Cuda t{};
+  t.get_last_error = &f_get_last_error;
+  t.get_device_count = &f_get_device_count;
+  t.get_device = &f_get_device;
+  t.set_device = &f_set_device;
+  t.device_get_attribute = &f_device_get_attribute;
+  t.driver_get_version = &f_driver_get_version;
+  t.stream_get_id = &f_stream_get_id;
+  t.stream_is_capturing = &f_stream_is_capturing;
+  t.malloc = &f_malloc;
+  t.free = &f_free;
+  t.memset_async = &f_memset_async;
+  t.stream_create_with_flags = &f_stream_create_with_flags;
+  t.stream_synchronize = &f_stream_synchronize;
+  t.stream_destroy = &f_stream_destroy;
+  t.exchange_capture_mode = &f_exchange_capture_mode;
+  t.driver_resolved = true;
+  t.get_error_name = &f_get_error_name;
+  t.ctx_get_current = &f_ctx_get_current;
+  t.ctx_push_current = &f_ctx_push_current;
+  t.ctx_pop_current = &f_ctx_pop_current;
+  t.ctx_get_id = &f_ctx_get_id;
+  t.ctx_get_device = &f_ctx_get_device;
+  t.stream_get_ctx = &f_stream_get_ctx;
+  t.primary_ctx_retain = &f_primary_ctx_retain;
+  t.primary_ctx_release = &f_primary_ctx_release;
+  t.primary_ctx_get_state = &f_primary_ctx_get_state;
+  t.pointer_get_attributes = &f_pointer_get_attributes;
+  t.tensor_map_encode_tiled = &f_tensor_map_encode_tiled;
+  return t;
+}
 const m3qkv::host::Cuda& fake_table() {
-  static const m3qkv::host::Cuda t = {
-      &f_get_last_error, &f_get_device_count, &f_get_device, &f_set_device, &f_device_get_attribute,
-      &f_driver_get_version, &f_stream_get_id, &f_malloc, &f_memset_async, &f_stream_create_with_flags,
-      &f_stream_synchronize, &f_exchange_capture_mode,
-      true, &f_get_error_name, &f_ctx_get_current, &f_ctx_push_current, &f_ctx_pop_current, &f_ctx_get_id,
-      &f_ctx_get_device, &f_stream_get_ctx, &f_primary_ctx_retain, &f_pointer_get_attributes,
-      &f_tensor_map_encode_tiled,
-  };
+  static const m3qkv::host::Cuda t = make_fake_table();
   return t;
 }
 
@@ -299,6 +358,8 @@ void reset_fake_cuda() {
     f.retain_log.clear();
     f.mallocs.clear();
     f.memsets.clear();
+    f.frees.clear();
+    f.capturing.clear();
     f.capture_modes.clear();
     f.streams_created = 0;
   }

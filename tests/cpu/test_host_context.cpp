@@ -164,7 +164,7 @@ TEST_F(HostContext, WorkspaceIsZeroedOnceAndReused) {
   EXPECT_EQ(workspace(d, s, 10), p);
   EXPECT_EQ(fake_cuda().mallocs.size(), 1u);
   EXPECT_EQ(fake_cuda().memsets.size(), 1u);
-  EXPECT_EQ(fake_cuda().calls.load() - calls, 2) << "a warm workspace costs one cudaStreamGetId per call";
+  EXPECT_EQ(fake_cuda().calls.load() - calls, 4) << "a warm workspace costs two stream queries per call";
 }
 
 TEST_F(HostContext, WorkspaceGrowsAndKeepsTheOldBuffer) {
@@ -238,6 +238,43 @@ TEST_F(HostContext, WorkspaceUnderConcurrentFirstCalls) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(fake_cuda().mallocs.size(), 1u);
   for (void* p : got) EXPECT_EQ(p, got[0]);
+}
+
+}  // namespace
+
+namespace {
+
+TEST_F(HostContext, WorkspaceWhileCapturingIsTheStreamsCaptureWorkspace) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s = fake_cuda().new_stream(current_ctx());
+  void* direct = workspace(d, s, 256);
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().capturing.insert(s);
+  }
+  void* captured = workspace(d, s, 256);
+  EXPECT_NE(captured, direct) << "a graph would share the buffer of direct calls on other streams' replays";
+  EXPECT_EQ(workspace(d, s, 256), captured) << "two captures on one stream share its capture workspace";
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().capturing.clear();
+  }
+  EXPECT_EQ(workspace(d, s, 256), direct);
+}
+
+TEST_F(HostContext, WorkspacesOfLivePrimaryContextsAreFreedAtExit) {
+  const DeviceInfo d1 = enter();  // device 1's primary context
+  void* a = workspace(d1, fake_cuda().new_stream(current_ctx()), 256);
+  void* b = workspace(d1, nullptr, 1 << 20);
+  fake_set_current_device(2);
+  const DeviceInfo d2 = enter();
+  void* dead = workspace(d2, nullptr, 256);
+  fake_cuda().reset_primary(2);  // that context died (cudaDeviceReset): its memory went with it
+  host::release_workspaces();
+  std::set<void*> freed(fake_cuda().frees.begin(), fake_cuda().frees.end());
+  EXPECT_EQ(freed, (std::set<void*>{a, b}));
+  EXPECT_EQ(freed.count(dead), 0u) << "a dead context's pointer was freed (it may be someone else's now)";
+  EXPECT_EQ(t_ctx_stack.size(), 1u);
 }
 
 }  // namespace

@@ -1,0 +1,166 @@
+// The SPEC §3 epilogue of one (token row, head) held by a QUAD of lanes — the
+// register-resident form every fragment-shaped kernel shares (the SM90 fused
+// kernel's wgmma fragment, the SM90 decode kernel's reduced tile). Device only:
+// the quad meets through warp shuffles.
+//
+// Quad layout: lane q = lane % 4 of the quad holds the 32 columns
+// c = 8j + 2q + b (j = 0..15, b = 0, 1) of the row in y[2j + b]. Why the
+// result equals epi::epilogue_head_row bit for bit:
+//  * RMSNorm: cls(c) = (c >> 1) & 3 = q, so lane q holds exactly class q of its
+//    row and visits it in ascending column order (j, then b): its serial fma
+//    chain IS s_q of SPEC §3.1. The four sums meet through quad shuffles and
+//    every lane evaluates rms_inv(s0, s1, s2, s3) in the contract order.
+//  * RoPE: pair (i, i + 32), i < 32, is (j, b) and (j + 4, b) of the same lane.
+//  * NVFP4 group g = columns 16g..16g+15 = j in {2g, 2g+1} of the four quad
+//    lanes: amax by quad max-reduction (max ignoring NaN, from +0, does not
+//    depend on the order), then the same group-scale and encoder primitives.
+//  * Side effects (flags, stores) happen under the same conditions as in
+//    epi::epilogue_head_row; rows that are not `valid` compute but store
+//    nothing (the shuffles need every lane of the warp).
+#pragma once
+
+#include "common/epilogue.cuh"
+
+namespace m3qkv {
+namespace epi {
+
+constexpr int kQuadValues = kHeadDim / 4;  // columns per lane of a quad
+
+// Lane q of this lane's quad.
+__device__ __forceinline__ float quad_lane(float v, int q) {
+  return __shfl_sync(0xffffffffu, v, static_cast<int>((threadIdx.x & 28u) | static_cast<unsigned>(q)));
+}
+
+// Per-head constants of the quad epilogue: the head's kind and the bf16 norm
+// weights of this lane's columns (8j + 2q, 8j + 2q + 1) as packed words.
+struct QuadHead {
+  HeadInfo hi;
+  bool norm;  // RMSNorm + RoPE (every head but v)
+  uint32_t wv[kHeadDim / 8];
+};
+
+__device__ __forceinline__ QuadHead quad_head(const EpilogueParams& e, int head, int q) {
+  QuadHead h;
+  h.hi = head_info(head, e.nq, e.nkv, e.niq);
+  h.norm = h.hi.kind != HeadKind::V;
+  const uint16_t* w = h.hi.kind == HeadKind::Q        ? e.q_norm_weight
+                      : h.hi.kind == HeadKind::K      ? e.k_norm_weight
+                      : h.hi.kind == HeadKind::IndexQ ? e.index_q_norm_weight
+                                                      : e.index_k_norm_weight;
+#pragma unroll
+  for (int j = 0; j < kHeadDim / 8; ++j) h.wv[j] = h.norm ? *reinterpret_cast<const uint32_t*>(w + 8 * j + 2 * q) : 0u;
+  return h;
+}
+
+// The whole epilogue of token `row` for head `h` on this lane's 32 values
+// (modified in place). Called by every lane of the warp; `valid` (the same
+// for the four lanes of a quad) says whether the row exists and is this
+// caller's to store.
+__device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const QuadHead& h, int64_t row, bool valid,
+                                                  float (&y)[kQuadValues], int q) {
+  const HeadKind kind = h.hi.kind;
+  const int c0 = 2 * q;
+  const bool kv = kind == HeadKind::K || kind == HeadKind::V;
+
+  // Per-row inputs in two dependent rounds of loads: the slot and position
+  // words, then the RoPE cos/sin words.
+  const int64_t slot_raw =
+      !valid ? -1 : kv ? e.slot_mapping[row] : kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
+  const int64_t pos_raw = valid && h.norm ? e.positions[row] : 0;
+  bool to_cache = false;
+  SlotAddr sa = {0, 0};
+  uint8_t* slot_base = nullptr;
+  // Cache destination (k, v, index_k): resolved first, as epilogue_head_row does.
+  if (valid && kv) {
+    to_cache = resolve_slot(slot_raw, e.num_blocks, e.block_size, e.error_flags, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &sa);
+    if (to_cache)
+      slot_base = e.kv_cache + nvfp4_slot_base(sa.page, 2 * h.hi.index + (kind == HeadKind::K ? 0 : 1),
+                                               e.kv_page_stride, e.block_size);
+  } else if (valid && kind == HeadKind::IndexK) {
+    to_cache = resolve_slot(slot_raw, e.num_index_blocks, e.block_size, e.error_flags,
+                            M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &sa);
+    if (to_cache) slot_base = e.index_cache + nvfp4_slot_base(sa.page, 0, e.index_page_stride, e.block_size);
+  }
+  // Position guard only where epilogue_head_row reads the position.
+  const bool reads_pos = h.norm && valid && (kind == HeadKind::Q || kind == HeadKind::IndexQ || to_cache);
+  const int64_t pos = reads_pos ? clamp_position(pos_raw, e.max_position, e.error_flags) : 0;
+  constexpr int kCsWords = kRopeHalf / 8;  // cos (and sin) words per lane
+  uint32_t cs_w[kCsWords], sn_w[kCsWords];
+  const uint16_t* cs = e.cos_sin_cache + pos * kRopeDim;
+#pragma unroll
+  for (int j = 0; j < kCsWords; ++j) {
+    cs_w[j] = h.norm ? *reinterpret_cast<const uint32_t*>(cs + 8 * j + c0) : 0u;
+    sn_w[j] = h.norm ? *reinterpret_cast<const uint32_t*>(cs + kRopeHalf + 8 * j + c0) : 0u;
+  }
+
+  if (h.norm) {
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kQuadValues; ++i) s = fma_rn(y[i], y[i], s);
+    const float r = rms_inv(quad_lane(s, 0), quad_lane(s, 1), quad_lane(s, 2), quad_lane(s, 3), e.eps);
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      y[2 * j] = rms_apply(y[2 * j], r, bf16_to_f32(static_cast<uint16_t>(h.wv[j] & 0xffffu)));
+      y[2 * j + 1] = rms_apply(y[2 * j + 1], r, bf16_to_f32(static_cast<uint16_t>(h.wv[j] >> 16)));
+    }
+#pragma unroll
+    for (int j = 0; j < kCsWords; ++j) {
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const float co = bf16_to_f32(static_cast<uint16_t>(cs_w[j] >> (16 * b)));
+        const float si = bf16_to_f32(static_cast<uint16_t>(sn_w[j] >> (16 * b)));
+        const float u = y[2 * j + b];
+        const float v = y[2 * (j + kRopeHalf / 8) + b];
+        rope_pair(u, v, co, si, &y[2 * j + b], &y[2 * (j + kRopeHalf / 8) + b]);
+      }
+    }
+  }
+
+  if (kind == HeadKind::Q) {
+    if (valid) {
+      const int64_t off = (row * e.nq + h.hi.index) * kHeadDim + c0;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j) {
+        if (e.q_out != nullptr)
+          *reinterpret_cast<uint32_t*>(e.q_out + off + 8 * j) = pack_bf16x2(y[2 * j], y[2 * j + 1]);
+        if (e.q_fp8_out != nullptr)
+          *reinterpret_cast<uint16_t*>(e.q_fp8_out + off + 8 * j) =
+              static_cast<uint16_t>(pack_e4m3x2(mul_rn(y[2 * j], e.qinv), mul_rn(y[2 * j + 1], e.qinv)));
+      }
+    }
+  } else if (kind == HeadKind::IndexQ) {
+    if (valid) {
+      const int64_t off = (row * e.niq + h.hi.index) * kHeadDim + c0;
+#pragma unroll
+      for (int j = 0; j < kHeadDim / 8; ++j)
+        *reinterpret_cast<uint16_t*>(e.index_q_out + off + 8 * j) =
+            static_cast<uint16_t>(pack_e4m3x2(y[2 * j], y[2 * j + 1]));
+    }
+  } else {
+    const bool has_sf = kind != HeadKind::IndexK;
+    const float sf = kind == HeadKind::K ? e.k_sf : e.v_sf;
+    const bool v_swizzle = kind == HeadKind::V;
+#pragma unroll
+    for (int g = 0; g < kHeadDim / kNvfp4Group; ++g) {
+      float amax = 0.0f;  // max ignores NaN, starts at +0
+#pragma unroll
+      for (int i = 0; i < 4; ++i) amax = max_num(amax, abs_f32(y[4 * g + i]));
+      amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+      amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+      float rc;
+      const uint8_t s8 = nvfp4_group_scale(amax, has_sf, sf, &rc);
+      if (to_cache) {
+#pragma unroll
+        for (int jj = 2 * g; jj < 2 * g + 2; ++jj)
+          slot_base[nvfp4_data_offset(sa.token, 8 * jj + c0)] =
+              static_cast<uint8_t>(nvfp4_encode2(y[2 * jj], y[2 * jj + 1], rc));
+        if (g % 4 == q)
+          slot_base[v_swizzle ? nvfp4_scale_offset_v(sa.token, g, e.block_size)
+                              : nvfp4_scale_offset_linear(sa.token, g, e.block_size)] = s8;
+      }
+    }
+  }
+}
+
+}  // namespace epi
+}  // namespace m3qkv
