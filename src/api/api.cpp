@@ -4,16 +4,21 @@
 // Every entry point follows the same sequence:
 //   clear_error -> validate_* (launches nothing) -> m == 0: SUCCESS ->
 //   the stream's context and its device facts (host/context.h; cached per
-//   context) -> backend choice -> launcher, with the stream's context current.
+//   context) -> checked mode's pointer checks when on (host/checked.h) ->
+//   backend choice -> launcher, with the stream's context current. Test-only
+//   phase marks (host/timing.h) time each step.
 // No exception crosses the C boundary: each body runs inside guarded().
 #include <cuda_runtime_api.h>
 
 #include <exception>
 
 #include "api/internal.h"
+#include "host/checked.h"
 #include "host/context.h"
 #include "host/device.h"
+#include "host/extents.h"
 #include "host/status.h"
+#include "host/timing.h"
 #include "host/validate.h"
 #include "portable/portable.h"
 #include "sm100/sm100.h"
@@ -158,19 +163,37 @@ m3qkv_status launch_fused(m3qkv_backend_kind b, const m3qkv_fused_args& a, const
   return fail(M3QKV_ERROR_INTERNAL, "m3qkv_fused_qkv: backend %s is not compiled in", m3qkv_backend_name(b));
 }
 
+// Checked mode (host/checked.h): the call's buffers, as it touches them.
+template <class A>
+m3qkv_status check_buffers(const char* fn, const A& a, const DeviceInfo& d,
+                           m3qkv_status (*extents)(const char*, const A&, host::Extents*)) {
+  if (host::checked_mode()) {
+    host::Extents x;
+    M3QKV_TRY(extents(fn, a, &x));
+    M3QKV_TRY(host::check_pointers(fn, d, x));
+  }
+  host::timing_mark(host::Phase::kChecked);
+  return M3QKV_SUCCESS;
+}
+
 // The unfused ops always use the portable kernels.
 template <class A, class Launch>
 m3qkv_status run_portable(const char* fn, const A* args, cudaStream_t stream,
-                          m3qkv_status (*validate)(const A*, A*, bool*), Launch&& launch) {
+                          m3qkv_status (*validate)(const A*, A*, bool*),
+                          m3qkv_status (*extents)(const char*, const A&, host::Extents*), Launch&& launch) {
   return guarded(fn, [&]() -> m3qkv_status {
+    host::timing_begin();
     A a;
     bool noop = false;
     M3QKV_TRY(validate(args, &a, &noop));
+    host::timing_mark(host::Phase::kValidate);
     if (noop) return M3QKV_SUCCESS;
     host::ContextScope scope;
     DeviceInfo d;
     M3QKV_TRY(host::enter_stream(fn, stream, &scope, &d));
+    host::timing_mark(host::Phase::kContext);
     if (!kHavePortable || !portable_runs_on(d)) return no_portable(fn, d);
+    M3QKV_TRY(check_buffers(fn, a, d, extents));
     return launch(a, d, stream);
   });
 }
@@ -187,9 +210,11 @@ m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_ta
                                      cudaStream_t stream) {
   const char* fn = "m3qkv_fused_qkv";
   return guarded(fn, [&]() -> m3qkv_status {
+    host::timing_begin();
     m3qkv_fused_args a;
     bool noop = false;
     M3QKV_TRY(validate_fused(args, &a, &noop));
+    host::timing_mark(host::Phase::kValidate);
     // Compared as int: C callers may pass any int through the enum.
     const int force = static_cast<int>(force_backend);
     if (force < M3QKV_BACKEND_NONE || force > M3QKV_BACKEND_SM100) {
@@ -203,8 +228,10 @@ m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_ta
     host::ContextScope scope;
     DeviceInfo d;
     M3QKV_TRY(host::enter_stream(fn, stream, &scope, &d));
+    host::timing_mark(host::Phase::kContext);
     m3qkv_backend_kind b = M3QKV_BACKEND_NONE;
     M3QKV_TRY(choose_fused(fn, d, force_backend, &b));
+    M3QKV_TRY(check_buffers(fn, a, d, &host::fused_extents));
     return launch_fused(b, a, d, acc_tap, stream);
   });
 }
@@ -214,7 +241,7 @@ m3qkv_status m3qkv_fused_qkv(const m3qkv_fused_args* args, cudaStream_t stream) 
 }
 
 m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args, cudaStream_t stream) {
-  return run_portable("m3qkv_qknorm_rope_kv_insert", args, stream, &validate_insert,
+  return run_portable("m3qkv_qknorm_rope_kv_insert", args, stream, &validate_insert, &host::insert_extents,
                       [](const m3qkv_insert_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
 #if M3QKV_WITH_PORTABLE
                         return portable_insert(a, d, s);
@@ -226,7 +253,7 @@ m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args, cudaStre
 }
 
 m3qkv_status m3qkv_mxfp8_gemm(const m3qkv_gemm_args* args, cudaStream_t stream) {
-  return run_portable("m3qkv_mxfp8_gemm", args, stream, &validate_gemm,
+  return run_portable("m3qkv_mxfp8_gemm", args, stream, &validate_gemm, &host::gemm_extents,
                       [](const m3qkv_gemm_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
 #if M3QKV_WITH_PORTABLE
                         return portable_gemm(a, d, s);
@@ -238,7 +265,7 @@ m3qkv_status m3qkv_mxfp8_gemm(const m3qkv_gemm_args* args, cudaStream_t stream) 
 }
 
 m3qkv_status m3qkv_mxfp8_quantize(const m3qkv_quantize_args* args, cudaStream_t stream) {
-  return run_portable("m3qkv_mxfp8_quantize", args, stream, &validate_quantize,
+  return run_portable("m3qkv_mxfp8_quantize", args, stream, &validate_quantize, &host::quantize_extents,
                       [](const m3qkv_quantize_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
 #if M3QKV_WITH_PORTABLE
                         return portable_quantize(a, d, s);

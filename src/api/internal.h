@@ -12,6 +12,14 @@
 extern "C" m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_tap,
                                                 m3qkv_backend_kind force_backend, cudaStream_t stream);
 
+// Host-cost breakdown (host/timing.h): with timing on (for every thread;
+// off by default), each entry point records the ns spent in each phase of
+// the host path; m3qkv_testing_host_phases writes those of this thread's
+// last call (at most `capacity`, in phase order) and returns how many.
+extern "C" void m3qkv_testing_host_timing(int enable);
+extern "C" int m3qkv_testing_host_phases(unsigned long long* ns, int capacity);
+extern "C" const char* m3qkv_testing_host_phase_name(int phase);
+
 // Dispatch rule (api.cpp): CC 10.x -> sm100_fused when M3QKV_WITH_SM100;
 // CC 9.0 -> sm90_fused when M3QKV_WITH_SM90 && M3QKV_HAVE_SM90_KERNEL (the
 // Hopper kernel defines that macro in CMake when it lands); any CC >= 8.0 ->

@@ -6,6 +6,7 @@
 // grid >= 1 is correct; plan.h turns it into the CTA count.
 #include "host/launch.h"
 #include "host/once.h"
+#include "host/timing.h"
 #include "portable/kernels.cuh"
 #include "portable/mainloop.cuh"
 #include "portable/plan.h"
@@ -63,51 +64,65 @@ portable::GemmOperands operands(const void* xq, const void* xsf, const void* wq,
 m3qkv_status portable_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
   const char* fn = "m3qkv_fused_qkv";
   M3QKV_TRY(ensure_smem_attributes(fn, dev));
+  host::timing_mark(host::Phase::kSetup);
   const int64_t n = static_cast<int64_t>(total_heads(a.nq, a.nkv, a.niq, a.nik)) * kHeadDim;
+  const int64_t tiles = portable::gemm_tiles(a.m, n, portable::kBM, portable::kBN);
+  const host::LaunchShape sh = shape(portable::plan_grid(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev);
+  host::timing_mark(host::Phase::kPlan);
   portable::FusedParams p;
   p.g = operands(a.xq, a.xsf, a.wq, a.wsf, a.m, n, a.k);
   p.e = epi::make_epilogue_params(a);
   p.acc_tap = acc_tap;
-  const int64_t tiles = portable::gemm_tiles(a.m, n, portable::kBM, portable::kBN);
-  return host::launch(fn, "m3qkv_portable_fused_kernel", m3qkv_portable_fused_kernel,
-                      shape(portable::plan_grid(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev), s, p);
+  const m3qkv_status st = host::launch(fn, "m3qkv_portable_fused_kernel", m3qkv_portable_fused_kernel, sh, s, p);
+  host::timing_mark(host::Phase::kLaunch);
+  return st;
 }
 
 m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cudaStream_t s) {
   const char* fn = "m3qkv_mxfp8_gemm";
   M3QKV_TRY(ensure_smem_attributes(fn, dev));
+  host::timing_mark(host::Phase::kSetup);
+  const int64_t tiles = portable::gemm_tiles(a.m, a.n, portable::kBM, portable::kBN);
+  const host::LaunchShape sh = shape(portable::plan_grid(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev);
+  host::timing_mark(host::Phase::kPlan);
   portable::GemmParams p;
   p.g = operands(a.xq, a.xsf, a.wq, a.wsf, a.m, a.n, a.k);
   p.out = static_cast<uint16_t*>(a.out);
-  const int64_t tiles = portable::gemm_tiles(a.m, a.n, portable::kBM, portable::kBN);
-  return host::launch(fn, "m3qkv_portable_gemm_kernel", m3qkv_portable_gemm_kernel,
-                      shape(portable::plan_grid(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev), s, p);
+  const m3qkv_status st = host::launch(fn, "m3qkv_portable_gemm_kernel", m3qkv_portable_gemm_kernel, sh, s, p);
+  host::timing_mark(host::Phase::kLaunch);
+  return st;
 }
 
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
+  const int64_t items = a.m * total_heads(a.nq, a.nkv, a.niq, a.nik);
+  const host::LaunchShape sh =
+      shape(portable::plan_grid(items, portable::kInsertThreads, a.grid), portable::kInsertThreads, 0, a.use_pdl, dev);
+  host::timing_mark(host::Phase::kPlan);
   portable::InsertParams p;
   p.qkv = static_cast<const uint16_t*>(a.qkv);
   p.m = a.m;
   p.e = epi::make_epilogue_params(a);
-  const int64_t items = a.m * total_heads(a.nq, a.nkv, a.niq, a.nik);
-  return host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_kernel", m3qkv_portable_insert_kernel,
-                      shape(portable::plan_grid(items, portable::kInsertThreads, a.grid), portable::kInsertThreads, 0, a.use_pdl,
-                            dev),
-                      s, p);
+  const m3qkv_status st = host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_kernel",
+                                       m3qkv_portable_insert_kernel, sh, s, p);
+  host::timing_mark(host::Phase::kLaunch);
+  return st;
 }
 
 m3qkv_status portable_quantize(const m3qkv_quantize_args& a, const DeviceInfo& dev, cudaStream_t s) {
+  const int64_t items = f8_128x4_padded_rows(a.m) * (a.k / kMxBlock);
+  const host::LaunchShape sh =
+      shape(portable::plan_grid(items, portable::kQuantizeThreads, 0), portable::kQuantizeThreads, 0, a.use_pdl, dev);
+  host::timing_mark(host::Phase::kPlan);
   portable::QuantizeParams p;
   p.x = static_cast<const uint16_t*>(a.x);
   p.xq = static_cast<uint8_t*>(a.xq);
   p.xsf = static_cast<uint8_t*>(a.xsf);
   p.m = a.m;
   p.k = a.k;
-  const int64_t items = f8_128x4_padded_rows(a.m) * (a.k / kMxBlock);
-  return host::launch("m3qkv_mxfp8_quantize", "m3qkv_portable_quantize_kernel", m3qkv_portable_quantize_kernel,
-                      shape(portable::plan_grid(items, portable::kQuantizeThreads, 0), portable::kQuantizeThreads, 0, a.use_pdl,
-                            dev),
-                      s, p);
+  const m3qkv_status st = host::launch("m3qkv_mxfp8_quantize", "m3qkv_portable_quantize_kernel",
+                                       m3qkv_portable_quantize_kernel, sh, s, p);
+  host::timing_mark(host::Phase::kLaunch);
+  return st;
 }
 
 m3qkv_status portable_warmup(const DeviceInfo& dev) {

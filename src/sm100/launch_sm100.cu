@@ -8,6 +8,7 @@
 #include "common/layouts.h"
 #include "host/once.h"
 #include "host/tensor_map.h"
+#include "host/timing.h"
 #include "sm100/config.h"
 #include "sm100/plan.h"
 #include "sm100/sm100.h"
@@ -64,6 +65,7 @@ m3qkv_status launch(const m3qkv_fused_args& a, const sm100::Plan& plan, float* a
                                         CU_TENSOR_MAP_SWIZZLE_NONE));
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tm.sfb, "wsf", a.wsf, 256, sfb_bytes / 256, 256, 256, 2,
                                         CU_TENSOR_MAP_SWIZZLE_NONE));
+  host::timing_mark(host::Phase::kTensorMaps);
 
   sm100::Params p;
   p.ep = epi::make_epilogue_params(a);
@@ -75,7 +77,9 @@ m3qkv_status launch(const m3qkv_fused_args& a, const sm100::Plan& plan, float* a
   p.num_tiles = static_cast<int32_t>(plan.num_tiles);
   p.group_m = plan.group_m;
   p.acc_tap = acc_tap;
-  return sm100::launch_kernel<CG>(tm, p, plan.grid, a.use_pdl != 0, s);
+  const m3qkv_status st = sm100::launch_kernel<CG>(tm, p, plan.grid, a.use_pdl != 0, s);
+  host::timing_mark(host::Phase::kLaunch);
+  return st;
 }
 
 }  // namespace
@@ -83,6 +87,7 @@ m3qkv_status launch(const m3qkv_fused_args& a, const sm100::Plan& plan, float* a
 m3qkv_status sm100_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
   const Sm100Setup* setup = nullptr;
   M3QKV_TRY(prepare(dev, &setup));
+  host::timing_mark(host::Phase::kSetup);
   sm100::PlanInput in;
   in.m = a.m;
   in.k = a.k;
@@ -94,6 +99,7 @@ m3qkv_status sm100_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float
   for (int cg = 1; cg <= 2; ++cg) in.resident_clusters[cg] = setup->resident_clusters[cg];
   sm100::Plan plan;
   M3QKV_TRY(sm100::plan(kFn, in, &plan));
+  host::timing_mark(host::Phase::kPlan);
   return plan.cta_group == 2 ? launch<2>(a, plan, acc_tap, s) : launch<1>(a, plan, acc_tap, s);
 }
 

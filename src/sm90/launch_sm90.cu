@@ -9,6 +9,7 @@
 #include "common/epilogue.cuh"
 #include "host/once.h"
 #include "host/tensor_map.h"
+#include "host/timing.h"
 #include "host/workspace.h"
 #include "sm90/decode_config.h"
 #include "sm90/kernel_sm90.cuh"
@@ -85,12 +86,14 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: split = %d must be >= 0 (0 = automatic)", split);
   const Sm90Setup* setup = nullptr;
   M3QKV_TRY(prepare_device(dev, &setup));
+  host::timing_mark(host::Phase::kSetup);
   const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
   const int ks = static_cast<int>(a.k / sm90::kBK);
   const sm90::DecodePlan plan = sm90::plan_decode(a.m, heads, ks, dev.num_sms, split, a.grid);
   if (plan.nt == 0 || plan.units > INT32_MAX)
     return fail(M3QKV_ERROR_INTERNAL, "sm90_fused_decode: no decode plan for m = %lld, %d heads, k = %lld",
                 static_cast<long long>(a.m), heads, static_cast<long long>(a.k));
+  host::timing_mark(host::Phase::kPlan);
 
   CUtensorMap tmap_w, tmap_x;
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
@@ -99,6 +102,7 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k),
                                         static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k), sm90::decode::kBK,
                                         static_cast<uint32_t>(plan.nt), CU_TENSOR_MAP_SWIZZLE_NONE));
+  host::timing_mark(host::Phase::kTensorMaps);
 
   sm90::decode::Params p;
   p.m = static_cast<int32_t>(a.m);
@@ -124,7 +128,9 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   p.acc_tap = acc_tap;
   p.n = static_cast<int64_t>(heads) * kHeadDim;
   p.epi = epi::make_epilogue_params(a);
-  return sm90::decode::launch_decode(plan.nt, tmap_w, tmap_x, p, plan.grid, a.use_pdl != 0, s);
+  const m3qkv_status st = sm90::decode::launch_decode(plan.nt, tmap_w, tmap_x, p, plan.grid, a.use_pdl != 0, s);
+  host::timing_mark(host::Phase::kLaunch);
+  return st;
 }
 
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
@@ -137,6 +143,7 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                 epilogue);
   const Sm90Setup* setup = nullptr;
   M3QKV_TRY(prepare_device(dev, &setup));
+  host::timing_mark(host::Phase::kSetup);
 
   sm90::PlanInput in;
   in.m = a.m;
@@ -150,6 +157,7 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   for (int c = 2; c <= kSm90MaxSplit && c <= ks; ++c) in.max_clusters[c] = max_clusters(*setup, variant, epilogue, c);
   sm90::Plan plan;
   M3QKV_TRY(sm90::plan(kFn, in, &plan));
+  host::timing_mark(host::Phase::kPlan);
 
   CUtensorMap tmap_x, tmap_w;
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k), static_cast<uint64_t>(a.m),
@@ -158,6 +166,7 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
                                         static_cast<uint64_t>(in.heads * kHeadDim), static_cast<uint64_t>(a.k),
                                         sm90::kBK, sm90::kBN, CU_TENSOR_MAP_SWIZZLE_128B));
+  host::timing_mark(host::Phase::kTensorMaps);
 
   sm90::KernelParams p;
   p.m = static_cast<int32_t>(a.m);
@@ -176,9 +185,11 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   p.split = plan.split;
   const bool pdl = a.use_pdl != 0;
   const bool reg_epi = epilogue == kSm90EpilogueRegisters;
-  return variant == kSm90Fp8Promote
-             ? sm90::launch_fp8promo(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s)
-             : sm90::launch_bf16dq(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s);
+  const m3qkv_status st = variant == kSm90Fp8Promote
+                               ? sm90::launch_fp8promo(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s)
+                               : sm90::launch_bf16dq(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s);
+  host::timing_mark(host::Phase::kLaunch);
+  return st;
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {

@@ -278,6 +278,29 @@ TEST_F(DISPATCH_SUITE, LauncherFailureIsReturnedAsIs) {
   EXPECT_TRUE(contains(m3qkv_last_error(), "portable_fused: scripted failure")) << m3qkv_last_error();
 }
 
+// The test-only host-cost breakdown (host/timing.h) records the phases of
+// the last call of this thread, in order, only while it is on.
+TEST_F(DISPATCH_SUITE, HostPhaseTiming) {
+  unsigned long long ns[16] = {};
+  const int n = m3qkv_testing_host_phases(ns, 16);
+  ASSERT_EQ(n, 7);
+  for (int i = 0; i < n; ++i) EXPECT_STRNE(m3qkv_testing_host_phase_name(i), "unknown");
+  EXPECT_STREQ(m3qkv_testing_host_phase_name(0), "validate");
+  EXPECT_STREQ(m3qkv_testing_host_phase_name(7), "unknown");
+  m3qkv_testing_host_timing(1);
+  m3qkv_gemm_args g = good_gemm();
+  const m3qkv_status st = Under::gemm(&g);
+  m3qkv_testing_host_timing(0);
+  m3qkv_testing_host_phases(ns, 16);
+  EXPECT_GT(ns[0], 0u) << "validation took no time";
+  if (st == M3QKV_SUCCESS) EXPECT_GT(ns[1], 0u) << "context resolution took no time";
+  unsigned long long before[16] = {};
+  m3qkv_testing_host_phases(before, 16);
+  EXPECT_EQ(Under::gemm(&g), st);
+  m3qkv_testing_host_phases(ns, 16);
+  for (int i = 0; i < n; ++i) EXPECT_EQ(ns[i], before[i]) << "timing off still recorded phase " << i;
+}
+
 TEST_F(DISPATCH_SUITE, WarmupPerDevice) {
   for (int d = 0; d < kNumFake; ++d) {
     SCOPED_TRACE("device " + std::to_string(d));

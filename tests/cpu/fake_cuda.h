@@ -11,6 +11,7 @@
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <set>
@@ -26,8 +27,19 @@ struct FakeContext {
   unsigned long long id;
 };
 
+// A buffer cuPointerGetAttributes knows (checked mode).
+struct FakeAllocation {
+  uintptr_t lo;
+  size_t bytes;           // the allocation's range (a VMM reservation: the whole reserved range)
+  size_t mapped_bytes;    // mapped prefix of the range (== bytes unless VMM)
+  unsigned type;          // CU_MEMORYTYPE_DEVICE or CU_MEMORYTYPE_HOST
+  int device;
+  bool managed;
+};
+
 struct FakeCuda {
   std::mutex mu;
+  std::vector<FakeAllocation> allocations;
   // Compute capability of each fake device ordinal.
   std::vector<std::pair<int, int>> cc = {{7, 5}, {8, 0}, {8, 6}, {9, 0}, {10, 0}, {10, 3}, {12, 0}};
   // Context handles are indices + 1 into `contexts` (0 = no context).
@@ -51,6 +63,7 @@ struct FakeCuda {
   std::atomic<int> calls{0};  // every call into the table
   std::atomic<int> attr_calls{0};
   std::atomic<int> get_last_error_calls{0};
+  std::atomic<int> encodes{0};
   std::vector<int> set_device_log;
   std::vector<int> retain_log;
   std::vector<std::pair<void*, size_t>> mallocs;
@@ -261,14 +274,35 @@ CUresult f_primary_ctx_retain(CUcontext* c, CUdevice d) {
   *c = handle(f.primary_of(d));
   return CUDA_SUCCESS;
 }
-CUresult f_pointer_get_attributes(unsigned, CUpointer_attribute*, void**, CUdeviceptr) {
-  fake_cuda().calls++;
-  return CUDA_ERROR_NOT_SUPPORTED;
+CUresult f_pointer_get_attributes(unsigned n, CUpointer_attribute* attrs, void** data, CUdeviceptr ptr) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  const FakeAllocation* a = nullptr;
+  for (const FakeAllocation& x : f.allocations)
+    if (ptr >= x.lo && ptr < x.lo + x.bytes) a = &x;
+  for (unsigned i = 0; i < n; ++i) {
+    switch (attrs[i]) {  // unknown pointers: every attribute 0, CUDA_SUCCESS (as the driver documents)
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *static_cast<unsigned*>(data[i]) = a ? a->type : 0; break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *static_cast<int*>(data[i]) = a ? a->device : 0; break;
+      case CU_POINTER_ATTRIBUTE_IS_MANAGED: *static_cast<int*>(data[i]) = a && a->managed; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *static_cast<CUdeviceptr*>(data[i]) = a ? a->lo : 0; break;
+      case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *static_cast<size_t*>(data[i]) = a ? a->bytes : 0; break;
+      case CU_POINTER_ATTRIBUTE_MAPPED: *static_cast<int*>(data[i]) = a && ptr < a->lo + a->mapped_bytes; break;
+      default: return CUDA_ERROR_INVALID_VALUE;
+    }
+  }
+  return CUDA_SUCCESS;
 }
-CUresult f_tensor_map_encode_tiled(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
-                                   const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+// Writes the base address and the dims into the map, so a test can tell maps apart.
+CUresult f_tensor_map_encode_tiled(CUtensorMap* m, CUtensorMapDataType, cuuint32_t, void* base, const cuuint64_t* dims,
+                                   const cuuint64_t*, const cuuint32_t* box, const cuuint32_t*, CUtensorMapInterleave,
                                    CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill) {
   fake_cuda().calls++;
+  fake_cuda().encodes++;
+  std::memset(m, 0, sizeof(*m));
+  const uint64_t words[4] = {reinterpret_cast<uintptr_t>(base), dims[0], dims[1], (uint64_t{box[0]} << 32) | box[1]};
+  std::memcpy(m, words, sizeof(words));
   return CUDA_SUCCESS;
 }
 
@@ -360,6 +394,7 @@ void reset_fake_cuda() {
     f.memsets.clear();
     f.frees.clear();
     f.capturing.clear();
+    f.allocations.clear();
     f.capture_modes.clear();
     f.streams_created = 0;
   }

@@ -13,8 +13,10 @@
 #include <vector>
 
 #include "fake_cuda.h"
+#include "host/checked.h"
 #include "host/context.h"
 #include "host/once.h"
+#include "host/tensor_map.h"
 #include "host/workspace.h"
 
 namespace {
@@ -275,6 +277,109 @@ TEST_F(HostContext, WorkspacesOfLivePrimaryContextsAreFreedAtExit) {
   EXPECT_EQ(freed, (std::set<void*>{a, b}));
   EXPECT_EQ(freed.count(dead), 0u) << "a dead context's pointer was freed (it may be someone else's now)";
   EXPECT_EQ(t_ctx_stack.size(), 1u);
+}
+
+}  // namespace
+
+namespace {
+
+// ---------------------------------------------------------- checked mode
+using m3qkv::host::Extent;
+
+class CheckedMode : public HostContext {
+ protected:
+  void allocate(uintptr_t lo, size_t bytes, unsigned type = CU_MEMORYTYPE_DEVICE, int device = 1,
+                size_t mapped = SIZE_MAX, bool managed = false) {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().allocations.push_back({lo, bytes, mapped == SIZE_MAX ? bytes : mapped, type, device, managed});
+  }
+  m3qkv_status check(const Extent& x) {
+    m3qkv::host::Extents e;
+    e.items[0] = x;
+    e.count = 1;
+    return m3qkv::host::check_pointers("f", enter(), e);
+  }
+  static Extent buffer(const char* name, uintptr_t lo, uint64_t bytes) { return Extent{name, lo, bytes, bytes, 1, false}; }
+};
+
+TEST_F(CheckedMode, DeviceMemoryOfTheCallsDeviceInsideItsAllocationPasses) {
+  allocate(0x100000, 4096);
+  EXPECT_EQ(check(buffer("xq", 0x100000, 4096)), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(check(buffer("xq", 0x100800, 2048)), M3QKV_SUCCESS) << "a tensor inside a larger allocation";
+  EXPECT_EQ(check(Extent{"kv_cache", 0x100000, 100, 1000, 4, true}), M3QKV_SUCCESS);
+  allocate(0x200000, 4096, CU_MEMORYTYPE_DEVICE, 0, SIZE_MAX, /*managed=*/true);
+  EXPECT_EQ(check(buffer("x", 0x200000, 16)), M3QKV_SUCCESS) << "managed memory runs anywhere";
+}
+
+TEST_F(CheckedMode, HostAndUnknownPointersAreRejected) {
+  allocate(0x300000, 4096, CU_MEMORYTYPE_HOST);
+  EXPECT_EQ(check(buffer("xq", 0x300000, 16)), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("f: xq = 0x300000 is host memory"), std::string::npos)
+      << m3qkv_last_error();
+  EXPECT_EQ(check(buffer("wq", 0x999000, 16)), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("f: wq = 0x999000 is not memory CUDA knows"), std::string::npos)
+      << m3qkv_last_error();
+}
+
+TEST_F(CheckedMode, AnotherDevicesMemoryIsRejected) {
+  allocate(0x100000, 4096, CU_MEMORYTYPE_DEVICE, 3);
+  EXPECT_EQ(check(buffer("q_out", 0x100000, 16)), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("q_out = 0x100000 is memory of device 3; the call runs on device 1"),
+            std::string::npos)
+      << m3qkv_last_error();
+}
+
+TEST_F(CheckedMode, ABufferOneByteTooSmallIsRejected) {
+  allocate(0x100000, 4095);
+  EXPECT_EQ(check(buffer("xq", 0x100000, 4096)), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("ends 1 bytes earlier"), std::string::npos) << m3qkv_last_error();
+  // A cache whose last page runs past the allocation.
+  allocate(0x200000, 3 * 1000 + 99);
+  EXPECT_EQ(check(Extent{"kv_cache", 0x200000, 100, 1000, 4, true}), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("kv_cache = 0x200000"), std::string::npos) << m3qkv_last_error();
+}
+
+TEST_F(CheckedMode, ABufferPastItsVmmMappingIsRejected) {
+  // A reservation of 2 MiB with only its first 1 MiB mapped.
+  allocate(0x400000, 2 << 20, CU_MEMORYTYPE_DEVICE, 1, 1 << 20);
+  EXPECT_EQ(check(buffer("x", 0x400000, 1 << 20)), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(check(buffer("x", 0x400000, (1 << 20) + 1)), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("its last byte is not mapped"), std::string::npos)
+      << m3qkv_last_error();
+  EXPECT_EQ(check(buffer("x", 0x400000 + (1 << 20), 16)), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("not mapped"), std::string::npos) << m3qkv_last_error();
+}
+
+}  // namespace
+
+namespace {
+
+// cuTensorMapEncodeTiled costs microseconds: each thread keeps the maps it
+// encoded, keyed by every argument of the encoder.
+TEST_F(HostContext, TensorMapsAreEncodedOncePerThreadAndKey) {
+  const auto encode = [](uintptr_t base, uint64_t rows, uint32_t box_rows, CUtensorMap* out) {
+    return m3qkv::host::make_tensor_map_2d_u8("f", out, "xq", reinterpret_cast<const void*>(base), 6144, rows, 6144,
+                                              128, box_rows, CU_TENSOR_MAP_SWIZZLE_128B);
+  };
+  const int before = fake_cuda().encodes.load();
+  CUtensorMap a, b, c, d;
+  ASSERT_EQ(encode(0x7000000, 7, 64, &a), M3QKV_SUCCESS);
+  ASSERT_EQ(encode(0x7000000, 7, 64, &b), M3QKV_SUCCESS);
+  EXPECT_EQ(fake_cuda().encodes.load() - before, 1);
+  EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0);
+  ASSERT_EQ(encode(0x7000000, 8, 64, &c), M3QKV_SUCCESS);   // another M
+  ASSERT_EQ(encode(0x7000000, 7, 128, &d), M3QKV_SUCCESS);  // another box
+  EXPECT_EQ(fake_cuda().encodes.load() - before, 3);
+  EXPECT_NE(std::memcmp(&a, &c, sizeof(a)), 0);
+  EXPECT_NE(std::memcmp(&a, &d, sizeof(a)), 0);
+  ASSERT_EQ(encode(0x7000000, 7, 64, &b), M3QKV_SUCCESS);
+  EXPECT_EQ(std::memcmp(&a, &b, sizeof(a)), 0);
+  EXPECT_EQ(fake_cuda().encodes.load() - before, 3);
+  std::thread([&] { EXPECT_EQ(encode(0x7000000, 7, 64, &b), M3QKV_SUCCESS); }).join();
+  EXPECT_EQ(fake_cuda().encodes.load() - before, 4) << "the cache is per thread";
+  // A rejected map is not cached.
+  EXPECT_EQ(encode(0x7000001, 7, 64, &b), M3QKV_ERROR_MISALIGNED);
+  EXPECT_EQ(encode(0x7000001, 7, 64, &b), M3QKV_ERROR_MISALIGNED);
 }
 
 }  // namespace
