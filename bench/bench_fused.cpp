@@ -26,6 +26,10 @@
 // the same run as the rest. Run order: peaks, then TP4, TP2, TP1, TP8, each
 // by ascending M (a run cut short still has the reference TP4 complete).
 // tools/bench_table.py turns the JSON output into the per-TP tables.
+// Last, host_fused_qkv / host_insert / host_gemm / host_quantize (issue 12):
+// the CPU time of the call itself with the GPU idle, its phases and the
+// kernel time beside it (see bench_host); select them with
+// --benchmark_filter='^host_'.
 //
 // Cold-L2 methodology: every op rotates over R input/output sets with
 // R·(per-call bytes) ≥ 3 × L2, so no call finds its weights in L2. R is one
@@ -62,6 +66,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -905,6 +910,172 @@ double target_seconds() {
   return 0.3;
 }
 
+// -------------------------------------------------------------- host cost
+// host_<op>/TP:t/M:m (issue 12): the CPU time of one call itself, with the
+// GPU idle (the stream is synchronized before every timed call, outside the
+// timed region), reported as the iteration time (the console's Time column:
+// the mean) and as counters host_us / host_p90_us (median, p90), the host
+// path's phases (host/timing.h; medians over a second
+// pass with the phase marks on, which cost ~20 ns each), and beside it the
+// kernel time of the same call (kernel_us: a CUDA graph of 16 calls on one
+// set, warm L2, replayed 5 times). Counter checked = 1 when the process runs
+// with M3QKV_CHECKED=1 (run the filter twice to price checked mode).
+enum class HostOp { kFused, kInsert, kGemm, kQuantize };
+
+// bf16 x [M, K] -> xq, xsf for host_quantize (one set; contents irrelevant).
+struct QuantizeSet {
+  int64_t m = -1;
+  std::vector<DevPtr> own;
+  m3qkv_quantize_args args{};
+};
+const m3qkv_quantize_args* quantize_args(int64_t m) {
+  static QuantizeSet q;
+  if (q.m != m) {
+    q.own.clear();
+    g_error.clear();
+    std::memset(&q.args, 0, sizeof q.args);
+    q.args.struct_size = sizeof q.args;
+    q.args.m = m;
+    q.args.k = kK;
+    q.args.x = dev_upload(q.own, nullptr, size_t(m * kK * 2));
+    q.args.xq = dev_upload(q.own, nullptr, size_t(m * kK));
+    q.args.xsf = dev_upload(q.own, nullptr, size_t(m3qkv::f8_128x4_bytes(m, kK / 32)));
+    q.args.use_pdl = 1;
+    if (!finish_build()) return nullptr;
+    q.m = m;
+  }
+  return &q.args;
+}
+
+double median_of(std::vector<double> v, double q = 0.5) {
+  if (v.empty()) return 0.0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, size_t(q * double(v.size())))];
+}
+
+// Kernel time per call: a graph of 16 calls replayed 5 times between events.
+template <class Call>
+double kernel_us(Call& call) {
+  Device& d = dev();
+  constexpr int kCalls = 16, kReplays = 5;
+  if (cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0.0;
+  }
+  bool ok = true;
+  for (int i = 0; i < kCalls && ok; ++i) ok = call() == M3QKV_SUCCESS;
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t ee = cudaStreamEndCapture(d.stream, &g);
+  if (!ok || ee != cudaSuccess || cudaGraphInstantiate(&exec, g, 0) != cudaSuccess) {
+    if (g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    return 0.0;
+  }
+  cudaGraphDestroy(g);
+  std::vector<double> per_call;
+  cudaGraphLaunch(exec, d.stream);  // warm
+  for (int r = 0; r < kReplays; ++r) {
+    cudaEventRecord(d.e0, d.stream);
+    cudaGraphLaunch(exec, d.stream);
+    cudaEventRecord(d.e1, d.stream);
+    cudaEventSynchronize(d.e1);
+    float ms = 0.0f;
+    cudaEventElapsedTime(&ms, d.e0, d.e1);
+    per_call.push_back(double(ms) * 1e3 / kCalls);
+  }
+  cudaGraphExecDestroy(exec);
+  return median_of(per_call);
+}
+
+void bench_host(benchmark::State& state, HostOp op) {
+  const Heads& h = arg_heads(state);
+  const int64_t m = state.range(1);
+  M3Sets* s = m3_sets(h, m);
+  if (!s) return skip_setup(state);
+  const M3Set& set = s->sets[0];
+  const m3qkv_quantize_args* qa = op == HostOp::kQuantize ? quantize_args(m) : nullptr;
+  if (op == HostOp::kQuantize && !qa) return skip_setup(state);
+  cudaStream_t stream = dev().stream;
+  auto call = [&]() -> m3qkv_status {
+    switch (op) {
+      case HostOp::kFused: return m3qkv_fused_qkv(&set.fused, stream);
+      case HostOp::kInsert: return m3qkv_qknorm_rope_kv_insert(&set.insert, stream);
+      case HostOp::kGemm: return m3qkv_mxfp8_gemm(&set.gemm, stream);
+      case HostOp::kQuantize: return m3qkv_mxfp8_quantize(qa, stream);
+    }
+    return M3QKV_ERROR_INTERNAL;
+  };
+  for (int i = 0; i < 3; ++i) {  // first calls: module load, setup, tensor-map encodes
+    const m3qkv_status st = call();
+    if (st != M3QKV_SUCCESS) {
+      state.SkipWithError(m3err(st).c_str());
+      return;
+    }
+  }
+  if (cudaStreamSynchronize(stream) != cudaSuccess) {
+    state.SkipWithError("warm-up failed");
+    return;
+  }
+  const double kernel = kernel_us(call);
+  std::vector<double> host_us;
+  for (auto _ : state) {
+    cudaStreamSynchronize(stream);
+    const auto t0 = std::chrono::steady_clock::now();
+    const m3qkv_status st = call();
+    const auto t1 = std::chrono::steady_clock::now();
+    if (st != M3QKV_SUCCESS) {
+      state.SkipWithError(m3err(st).c_str());
+      break;
+    }
+    const double sec = std::chrono::duration<double>(t1 - t0).count();
+    state.SetIterationTime(sec);
+    host_us.push_back(sec * 1e6);
+  }
+  cudaStreamSynchronize(stream);
+  // The breakdown, in a second pass with the phase marks on.
+  unsigned long long ns[16] = {};
+  const int phases = m3qkv_testing_host_phases(ns, 16);
+  std::vector<std::vector<double>> per_phase(static_cast<size_t>(phases));
+  m3qkv_testing_host_timing(1);
+  for (int i = 0; i < 500; ++i) {
+    cudaStreamSynchronize(stream);
+    if (call() != M3QKV_SUCCESS) break;
+    m3qkv_testing_host_phases(ns, 16);
+    for (int p = 0; p < phases; ++p) per_phase[size_t(p)].push_back(double(ns[p]) * 1e-3);
+  }
+  m3qkv_testing_host_timing(0);
+  cudaStreamSynchronize(stream);
+  state.counters["host_us"] = median_of(host_us);
+  state.counters["host_p90_us"] = median_of(host_us, 0.9);
+  state.counters["kernel_us"] = kernel;
+  const char* checked = std::getenv("M3QKV_CHECKED");
+  state.counters["checked"] = checked != nullptr && std::strcmp(checked, "1") == 0 ? 1 : 0;
+  for (int p = 0; p < phases; ++p)
+    state.counters[std::string("phase_") + m3qkv_testing_host_phase_name(p) + "_us"] = median_of(per_phase[size_t(p)]);
+}
+
+// The host-cost entries: every TP at the decode and prefill sizes for the
+// fused op, TP4 for the single ops.
+void register_host() {
+  const int64_t ms[] = {1, 64, 512, 4096};
+  auto add = [](const char* name, const Heads& h, int64_t m, HostOp op) {
+    benchmark::RegisterBenchmark(name, [op](benchmark::State& st) { bench_host(st, op); })
+        ->Args({h.tp, m})
+        ->ArgNames({"TP", "M"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(0.01);  // of host time: ~2000 calls at 5 us (each also waits for its kernel)
+  };
+  for (const Heads& h : kHeads)
+    for (int64_t m : ms) add("host_fused_qkv", h, m, HostOp::kFused);
+  for (int64_t m : ms) {
+    add("host_insert", kHeads[0], m, HostOp::kInsert);
+    add("host_gemm", kHeads[0], m, HostOp::kGemm);
+    add("host_quantize", kHeads[0], m, HostOp::kQuantize);
+  }
+}
+
 void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
   const double target = target_seconds();
   auto add = [&](const std::string& name, const Heads& h, int64_t m, auto fn) {
@@ -971,6 +1142,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "m3qkv_bench: no CUDA device: listing the sweep as an H200 would run it\n");
       const bool sm90 = M3QKV_WITH_SM90 != 0;
       register_sweep(sm90 ? M3QKV_BACKEND_SM90 : M3QKV_BACKEND_PORTABLE, sm90);
+      register_host();
       benchmark::RunSpecifiedBenchmarks();
       benchmark::Shutdown();
       return 0;
@@ -994,6 +1166,7 @@ int main(int argc, char** argv) {
                               "N=4992, TP1 64/4/4/1 N=9856, TP8 8/1/1/1 N=1536");
   benchmark::AddCustomContext("target_s", std::to_string(target_seconds()));
   register_sweep(autok, dev().cc_major == 9);
+  register_host();
   // Reporters that drop min_time from the names; a csv --benchmark_out keeps
   // Google Benchmark's own file reporter (full names).
   PlainNames display(benchmark::CreateDefaultDisplayReporter());
