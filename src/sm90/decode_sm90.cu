@@ -160,6 +160,7 @@ template <int NT>
 __device__ __forceinline__ void producer(const Params& p, const CUtensorMap* tmap_w, const CUtensorMap* tmap_x,
                                          uint32_t stage0, uint32_t full0, uint32_t empty0) {
   using C = Config<NT>;
+  trace_event(p, kTrSetup);
   ptx::prefetch_tensormap(tmap_w);
   ptx::prefetch_tensormap(tmap_x);
   // (An L2 prefetch of the unit's weight tiles here, ahead of the wait, put
