@@ -89,6 +89,7 @@
 #include "sm90/sm90.h"  // sm90_fused_variant: the two MX mainloops side by side
 #endif
 #include "common/layouts.h"
+#include "floor_read.h"
 #include "m3qkv/m3qkv.h"
 
 namespace {
@@ -105,10 +106,12 @@ struct Heads {
   int64_t n() const { return int64_t(nq + 2 * nkv + niq + nik) * 128; }
 };
 constexpr Heads kHeads[] = {{4, 16, 1, 1, 1}, {2, 32, 2, 2, 1}, {1, 64, 4, 4, 1}, {8, 8, 1, 1, 1}};
-const int64_t kMs[] = {1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
+const int64_t kMs[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384};
 // The slow TP4-only entries (forced portable, SM90 mainloop variants).
 constexpr int kExtraTp = 4;
 const int64_t kExtraMs[] = {1, 64, 512, 4096};
+// TP4 only: the decode and tile paths of SM90 side by side (the crossover).
+const int64_t kCrossoverMs[] = {64, 128, 256};
 
 const Heads& heads_of(int64_t tp) {
   for (const Heads& h : kHeads)
@@ -834,7 +837,49 @@ void bench_sm90_variant(benchmark::State& state, int variant, int epilogue) {
         m3qkv::sm90_fused_variant(s->sets[size_t(i)].fused, info, nullptr, dev().stream, variant, 0, epilogue));
   });
 }
+
+// The SM90 decode kernel with the plan's split, and the tile kernel (variant A,
+// register epilogue, its own split-K) at the same M: the crossover between the
+// two paths (sm90_fused routes M <= kDecodeMaxM to decode).
+void bench_sm90_path(benchmark::State& state, bool decode) {
+  const Heads& h = arg_heads(state);
+  const int64_t m = state.range(1);
+  M3Sets* s = m3_sets(h, m);
+  if (!s) return skip_setup(state);
+  m3qkv::DeviceInfo info;
+  if (m3qkv::current_device_info(&info) != M3QKV_SUCCESS || info.cc_major != 9) {
+    state.SkipWithError("SM90 paths need a CC 9.0 device");
+    return;
+  }
+  timed_loop(state, int(s->sets.size()), fused_bytes(h, m), flops(h, m), 0.0, [&](int i) {
+    const m3qkv_fused_args& a = s->sets[size_t(i)].fused;
+    return m3err(decode ? m3qkv::sm90_fused_decode(a, info, nullptr, dev().stream, 0)
+                        : m3qkv::sm90_fused_variant(a, info, nullptr, dev().stream, m3qkv::kSm90Bf16Dequant, 0,
+                                                    m3qkv::kSm90EpilogueRegisters, 0));
+  });
+}
 #endif
+
+// floor_read/TP:t/M:0: the weight + weight-scale bytes of the layer read once
+// (16-B streaming loads), over the same rotation of cold sets as every op.
+void bench_floor_read(benchmark::State& state) {
+  const Heads& h = arg_heads(state);
+  M3Sets* s = m3_sets(h, 0);
+  if (!s) return skip_setup(state);
+  static uint32_t* sink = nullptr;
+  const int blocks = dev().sms * 4;
+  if (!sink && cudaMalloc(reinterpret_cast<void**>(&sink), size_t(blocks) * 4) != cudaSuccess) {
+    (void)cudaGetLastError();
+    state.SkipWithError("cudaMalloc(sink) failed");
+    return;
+  }
+  const size_t wq = size_t(h.n() * kK), wsf = size_t(m3qkv::f8_128x4_bytes(h.n(), kK / 32));
+  timed_loop(state, int(s->sets.size()), double(wq + wsf), 0.0, 0.0, [&](int i) {
+    const m3qkv_fused_args& a = s->sets[size_t(i)].fused;
+    const cudaError_t e = m3qkv_bench_floor_read(a.wq, wq, a.wsf, wsf, sink, blocks, dev().stream);
+    return e == cudaSuccess ? std::string() : std::string("floor_read: ") + cudaGetErrorString(e);
+  });
+}
 
 void bench_unfused(benchmark::State& state) {
   const Heads& h = arg_heads(state);
@@ -986,6 +1031,7 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
       ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
   benchmark::RegisterBenchmark("copy_d2d", bench_copy)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
   for (const Heads& h : kHeads) {
+    add("floor_read", h, 0, bench_floor_read);
     for (int64_t m : kMs) {
       add(std::string("fused_") + backend_tag(autok), h, m,
           [autok](benchmark::State& st) { bench_fused(st, autok); });
@@ -1000,6 +1046,14 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
             [autok, f](benchmark::State& st) { bench_fused_fmt(st, autok, f); });
       for (int f = 0; f < kFormats; ++f)
         add(std::string("insert_") + kFormatNames[f], h, m, [f](benchmark::State& st) { bench_insert(st, f); });
+#if M3QKV_WITH_SM90
+      if (sm90_variants && h.tp == kExtraTp)
+        for (int64_t cm : kCrossoverMs)
+          if (cm == m) {
+            add("sm90_decode", h, m, [](benchmark::State& st) { bench_sm90_path(st, true); });
+            add("sm90_tile", h, m, [](benchmark::State& st) { bench_sm90_path(st, false); });
+          }
+#endif
       if (h.tp != kExtraTp || std::find(std::begin(kExtraMs), std::end(kExtraMs), m) == std::end(kExtraMs))
         continue;
       if (autok != M3QKV_BACKEND_PORTABLE)

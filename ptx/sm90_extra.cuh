@@ -46,4 +46,14 @@ __device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
   return v;
 }
 
+// prmt.b32 d, a, b, c;  PTX ISA "prmt" (default mode): byte n of d is byte
+// c[4n+2 : 4n] of the 8 bytes {b, a} (a = bytes 0-3); when bit 4n+3 of c is
+// set, the sign bit of that byte replicated instead (0x00 or 0xFF).
+// (__byte_perm uses only the 3 low bits of each selector nibble.)
+__device__ __forceinline__ uint32_t prmt_b32(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
 }  // namespace m3qkv::ptx

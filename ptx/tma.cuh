@@ -50,6 +50,17 @@ __device__ __forceinline__ void cp_async_bulk_tensor_2d_multicast(uint32_t dst, 
       : "memory");
 }
 
+// cp.async.bulk.prefetch.tensor.2d.L2.global.tile [tmap, {x, y}];  PTX ISA
+// "cp.async.bulk.prefetch.tensor" (sm_90): brings a box into L2 without a
+// destination or a completion. L2 is the point of coherence, so a prefetch
+// cannot make a later load see stale data: the SM90 decode kernel issues it for
+// its weights before griddepcontrol.wait.
+__device__ __forceinline__ void cp_async_bulk_prefetch_tensor_2d_l2(const void* tmap, int32_t x, int32_t y) {
+  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"(reinterpret_cast<uint64_t>(tmap)),
+               "r"(x), "r"(y)
+               : "memory");
+}
+
 }  // namespace m3qkv::ptx
 
 #if defined(M3QKV_TCGEN05_EMULATION)

@@ -21,33 +21,66 @@
 
 namespace m3qkv::sm90 {
 
-// Two e4m3 bytes sitting in the HIGH byte of each 16-bit half -> bf16x2 of b·2^-120.
-__device__ __forceinline__ uint32_t e4m3x2_hi_bytes_to_bf16x2_2m120(uint32_t v) {
-  return ((v & 0x7f007f00u) >> 4) | (v & 0x80008000u);
-}
-
 // bf16x2 of 2^(e) in both halves, e + 127 in [1, 254].
 __device__ __forceinline__ uint32_t bf16x2_pow2_biased(uint32_t biased) { return (biased << 7) | (biased << 23); }
+
+// Multiplying by 2^(s-127) in bf16, exactly (see above): one mul.rn.bf16x2
+// by m1 = 2^(s-7) for s <= 134; else two, by m1 = 2^127 then m2 = 2^(s-134)
+// (m2 = 1 for s <= 134, so the two-multiply form is right for every s).
+struct Pow2Bf16 {
+  uint32_t m1, m2;
+};
+__device__ __forceinline__ Pow2Bf16 make_pow2_bf16(uint32_t s) {
+  const bool big = s > 134u;
+  Pow2Bf16 f;
+  f.m1 = bf16x2_pow2_biased(big ? 254u : s + 120u);
+  f.m2 = bf16x2_pow2_biased(big ? s - 7u : 127u);  // s - 7 in [128, 248]; 127 = 1.0
+  return f;
+}
+// Whether any of the 4 scale bytes of `w` needs the two-multiply form.
+__device__ __forceinline__ bool any_big_scale(uint32_t w) { return __vcmpgtu4(w, 0x86868686u) != 0u; }
+
+// Two e4m3 bytes of `w` placed as the bf16x2 of b·2^-120 in 3 operations: prmt
+// puts each byte in the low byte of its half with its sign replicated above
+// it ([b, sign(b)·0xFF]); shifted left by 4, bits 4-10 hold the magnitude and
+// bit 15 the sign (the shift moves the low half's replicated bits into the
+// high half's bits 0-3, which the mask clears). kSel = 0x9180: bytes (0, 1);
+// 0xB3A2: bytes (2, 3). Checked through dequant16_e4m3_to_bf16 on all 256
+// bytes x 256 scales (tests/gpu/test_sm90.cu, Sm90Dequant).
+template <uint32_t kSel>
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_2m120(uint32_t w) {
+  return (ptx::prmt_b32(w, 0u, kSel) << 4) & 0x87f087f0u;
+}
+// Bytes (0, 1) / (2, 3) of an e4m3 word as bf16x2 times 2^(s-127): kBig =
+// the two-multiply form (valid for every s), else one multiply (s <= 134).
+template <bool kBig>
+__device__ __forceinline__ uint32_t scale_bf16x2(uint32_t v, const Pow2Bf16& f) {
+  const uint32_t o = ptx::mul_rn_bf16x2(v, f.m1);
+  return kBig ? ptx::mul_rn_bf16x2(o, f.m2) : o;
+}
+template <bool kBig>
+__device__ __forceinline__ uint32_t dequant_e4m3_lo_pair(uint32_t w, const Pow2Bf16& f) {
+  return scale_bf16x2<kBig>(e4m3x2_to_bf16x2_2m120<0x9180u>(w), f);
+}
+template <bool kBig>
+__device__ __forceinline__ uint32_t dequant_e4m3_hi_pair(uint32_t w, const Pow2Bf16& f) {
+  return scale_bf16x2<kBig>(e4m3x2_to_bf16x2_2m120<0xB3A2u>(w), f);
+}
 
 // 16 e4m3 (one 16-byte chunk, element 0 in the lowest byte) times 2^(s-127)
 // -> 16 bf16 in two 16-byte chunks (elements 0..7 in *lo, 8..15 in *hi).
 __device__ __forceinline__ void dequant16_e4m3_to_bf16(const uint4 in, uint32_t s, uint4* lo, uint4* hi) {
-  const bool big = s > 134u;
-  const uint32_t m1 = bf16x2_pow2_biased(big ? 254u : s + 120u);
-  const uint32_t m2 = bf16x2_pow2_biased(s - 7u);  // used only when big: s - 7 in [128, 248]
+  const Pow2Bf16 f = make_pow2_bf16(s);
   const uint32_t w[4] = {in.x, in.y, in.z, in.w};
   uint32_t o[8];
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    // __byte_perm selector nibbles pick bytes of (w, 0): 4 = zero byte.
-    const uint32_t v01 = __byte_perm(w[i], 0u, 0x1404u);  // [0, b0, 0, b1]
-    const uint32_t v23 = __byte_perm(w[i], 0u, 0x3424u);  // [0, b2, 0, b3]
-    o[2 * i] = ptx::mul_rn_bf16x2(e4m3x2_hi_bytes_to_bf16x2_2m120(v01), m1);
-    o[2 * i + 1] = ptx::mul_rn_bf16x2(e4m3x2_hi_bytes_to_bf16x2_2m120(v23), m1);
+    o[2 * i] = dequant_e4m3_lo_pair<false>(w[i], f);
+    o[2 * i + 1] = dequant_e4m3_hi_pair<false>(w[i], f);
   }
-  if (big) {
+  if (s > 134u) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) o[i] = ptx::mul_rn_bf16x2(o[i], m2);
+    for (int i = 0; i < 8; ++i) o[i] = ptx::mul_rn_bf16x2(o[i], f.m2);
   }
   *lo = make_uint4(o[0], o[1], o[2], o[3]);
   *hi = make_uint4(o[4], o[5], o[6], o[7]);

@@ -4,10 +4,15 @@
 #include <atomic>
 #include <climits>
 #include <cstdint>
+#include <map>
 #include <mutex>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "common/epilogue.cuh"
 #include "common/tensor_map.h"
+#include "sm90/decode_config.h"
 #include "sm90/kernel_sm90.cuh"
 #include "sm90/sm90.h"
 
@@ -50,6 +55,7 @@ m3qkv_status prepare_device(const DeviceInfo& dev) {
   if (bit != 0 && (prepared.load(std::memory_order_acquire) & bit) != 0) return M3QKV_SUCCESS;
   cudaError_t e = sm90::prepare_fp8promo();
   if (e == cudaSuccess) e = sm90::prepare_bf16dq();
+  if (e == cudaSuccess) e = sm90::decode::prepare_decode();
   if (e != cudaSuccess)
     return fail(M3QKV_ERROR_CUDA_ERROR, "sm90: cudaFuncSetAttribute(MaxDynamicSharedMemorySize) on device %d: %s (%s)",
                 dev.device, cudaGetErrorName(e), cudaGetErrorString(e));
@@ -68,7 +74,131 @@ m3qkv_status prepare_device(const DeviceInfo& dev) {
   return M3QKV_SUCCESS;
 }
 
+// Split-K workspace of the decode kernel, one per (device, stream): partial
+// slots and arrival counters that each launch leaves at zero. Concurrent calls
+// on different streams must not share one; calls on one stream are ordered.
+// INTERIM (to move into the host layer's per-context service): streams are
+// named by cudaStreamGetId outside capture and by their handle during capture
+// (cudaStreamGetId is refused while a stream captures: seen on the H200,
+// cudaErrorStreamCaptureUnsupported); the allocation runs with the thread's
+// capture mode exchanged to relaxed and the zeroing on a private stream, so
+// nothing joins a capture; buffers are freed at process exit.
+struct WorkspaceTable {
+  struct Entry {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  std::mutex mu;
+  std::map<std::tuple<int, int, unsigned long long>, Entry> live;
+  std::vector<void*> retired;
+  std::map<int, cudaStream_t> zero_streams;
+  ~WorkspaceTable() {
+    for (auto& kv : live) (void)cudaFree(kv.second.ptr);
+    for (void* p : retired) (void)cudaFree(p);
+    (void)cudaGetLastError();
+  }
+};
+WorkspaceTable& workspaces() {
+  static WorkspaceTable t;
+  return t;
+}
+
+m3qkv_status decode_workspace(const DeviceInfo& dev, cudaStream_t s, size_t bytes, size_t zero_bytes, void** out) {
+  const char* fn = "m3qkv_fused_qkv: decode workspace";
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaError_t e = cudaStreamIsCapturing(s, &cs);
+  if (e != cudaSuccess) return fail(M3QKV_ERROR_CUDA_ERROR, "%s: cudaStreamIsCapturing: %s", fn, cudaGetErrorName(e));
+  const bool capturing = cs != cudaStreamCaptureStatusNone;
+  unsigned long long id = 0;
+  if (capturing) {
+    id = static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(s));
+  } else if ((e = cudaStreamGetId(s, &id)) != cudaSuccess) {
+    return fail(M3QKV_ERROR_CUDA_ERROR, "%s: cudaStreamGetId: %s", fn, cudaGetErrorName(e));
+  }
+  WorkspaceTable& t = workspaces();
+  std::lock_guard<std::mutex> lock(t.mu);
+  WorkspaceTable::Entry& w = t.live[std::make_tuple(dev.device, capturing ? 1 : 0, id)];
+  if (w.bytes < bytes) {
+    const size_t want = w.bytes * 2 > bytes ? w.bytes * 2 : bytes;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    e = cudaThreadExchangeStreamCaptureMode(&mode);
+    void* p = nullptr;
+    if (e == cudaSuccess) e = cudaMalloc(&p, want);
+    cudaStream_t& zs = t.zero_streams[dev.device];
+    if (e == cudaSuccess && zs == nullptr) e = cudaStreamCreateWithFlags(&zs, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, zero_bytes < want ? zero_bytes : want, zs);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(zs);
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
+    if (e != cudaSuccess) {
+      if (p != nullptr) (void)cudaFree(p);
+      (void)cudaGetLastError();
+      return fail(M3QKV_ERROR_CUDA_ERROR, "%s: allocating %zu bytes: %s (%s)", fn, want, cudaGetErrorName(e),
+                  cudaGetErrorString(e));
+    }
+    // The old buffer may still be in use by earlier launches (or a captured
+    // graph): kept until exit (growth is geometric: O(log) buffers).
+    if (w.ptr != nullptr) t.retired.push_back(w.ptr);
+    w.ptr = p;
+    w.bytes = want;
+  }
+  *out = w.ptr;
+  return M3QKV_SUCCESS;
+}
+
 }  // namespace
+
+bool sm90_uses_decode(int64_t m) { return m >= 1 && m <= sm90::kDecodeMaxM; }
+
+m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
+                               int split) {
+  if (a.m < 1 || a.m > sm90::kDecodeMaxM)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: m = %lld is outside [1, %lld]",
+                static_cast<long long>(a.m), static_cast<long long>(sm90::kDecodeMaxM));
+  if (split < 0)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: split = %d must be >= 0 (0 = automatic)", split);
+  SM90_TRY(prepare_device(dev));
+  const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
+  const int ks = static_cast<int>(a.k / sm90::kBK);
+  const sm90::DecodePlan plan = sm90::plan_decode(a.m, heads, ks, dev.num_sms, split, a.grid);
+  if (plan.nt == 0 || plan.units > INT32_MAX)
+    return fail(M3QKV_ERROR_INTERNAL, "sm90_fused_decode: no decode plan for m = %lld, %d heads, k = %lld",
+                static_cast<long long>(a.m), heads, static_cast<long long>(a.k));
+
+  CUtensorMap tmap_w, tmap_x;
+  SM90_TRY(make_tensor_map_2d_u8(&tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
+                                 static_cast<uint64_t>(heads) * kHeadDim, static_cast<uint64_t>(a.k), sm90::decode::kBK,
+                                 sm90::decode::kHeadRows, CU_TENSOR_MAP_SWIZZLE_NONE));
+  SM90_TRY(make_tensor_map_2d_u8(&tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k), static_cast<uint64_t>(a.m),
+                                 static_cast<uint64_t>(a.k), sm90::decode::kBK, static_cast<uint32_t>(plan.nt),
+                                 CU_TENSOR_MAP_SWIZZLE_NONE));
+
+  sm90::decode::Params p;
+  p.m = static_cast<int32_t>(a.m);
+  p.heads = heads;
+  p.k_stages = ks;
+  p.token_blocks = plan.token_blocks;
+  p.split = plan.split;
+  p.units = static_cast<int32_t>(plan.units);
+  p.xsf = static_cast<const uint8_t*>(a.xsf);
+  p.wsf = static_cast<const uint8_t*>(a.wsf);
+  p.counters = nullptr;
+  p.partials = nullptr;
+  if (plan.split > 1) {
+    void* ws = nullptr;
+    SM90_TRY(decode_workspace(dev, s, static_cast<size_t>(plan.workspace_bytes), static_cast<size_t>(plan.counter_bytes),
+                              &ws));
+    p.counters = static_cast<uint32_t*>(ws);
+    p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + plan.counter_bytes);
+  }
+  p.acc_tap = acc_tap;
+  p.n = static_cast<int64_t>(heads) * kHeadDim;
+  p.epi = epi::make_epilogue_params(a);
+  const cudaError_t e = sm90::decode::launch_decode(plan.nt, tmap_w, tmap_x, p, plan.grid, a.use_pdl != 0, s);
+  if (e != cudaSuccess)
+    return fail(M3QKV_ERROR_CUDA_ERROR, "m3qkv_fused_qkv: SM90 decode kernel launch (NT %d, split %d, grid %d): %s (%s)",
+                plan.nt, plan.split, plan.grid, cudaGetErrorName(e), cudaGetErrorString(e));
+  return M3QKV_SUCCESS;
+}
 
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                 int variant, int block_m, int epilogue, int split) {
@@ -187,6 +317,7 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
+  if (sm90_uses_decode(a.m)) return sm90_fused_decode(a, dev, acc_tap, s, 0);
   return sm90_fused_variant(a, dev, acc_tap, s, kSm90DefaultVariant, 0, kSm90DefaultEpilogue, 0);
 }
 

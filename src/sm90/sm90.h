@@ -47,6 +47,16 @@ constexpr int kSm90MaxSplit = 8;  // portable cluster size limit
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                 int variant, int block_m = 0, int epilogue = kSm90DefaultEpilogue, int split = 0);
 
+// The decode path (src/sm90/decode_sm90.cu, docs/sm90_decode.md) for
+// 1 <= M <= kDecodeMaxM: weights as the wgmma M side, K split over a
+// persistent grid (split 0 = the plan's choice, else forced, clamped to
+// [1, K / 128]), partials summed in a fixed order through a per-stream
+// workspace. args.grid > 0 caps the grid. Arguments validated, m > 0.
+m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
+                               int split = 0);
+// Whether sm90_fused routes M tokens to the decode path.
+bool sm90_uses_decode(int64_t m);
+
 // cudaOccupancyMaxActiveClusters of the split-K instance (variant, epilogue)
 // with clusters of `split` CTAs on `dev`, as the automatic choice sees it
 // (0: unknown or not schedulable). For the timing test's report.

@@ -11,7 +11,9 @@
 //    16-B padded rows; interleaved with 32-B padded rows and padded pages), for
 //    the portable kernel and, on CC 9.0, the SM90 kernel through
 //    m3qkv_testing_fused_qkv and through sm90_fused_variant with the staged and
-//    the register epilogue (split-K too). K = 256: the format is under test.
+//    the register epilogue (split-K too), and the decode kernel (M <= 256,
+//    sm90_fused_decode, split 1 and 2; the automatic SM90 route takes it too at
+//    these M). K = 256: the format is under test.
 //  - GpuCacheFormats.Insert: the same cases through m3qkv_qknorm_rope_kv_insert
 //    on a random bf16 projection (zero row, saturating row, all-zero V head).
 //  - GpuCacheFormatsServing: the M3 serving shape (TP4, K = 6144, block 128)
@@ -46,11 +48,13 @@ constexpr bool arch_list_has(int want) {
 }
 constexpr bool kBuiltSm90 = arch_list_has(900);
 
+// variant >= 0: the tile kernel (sm90_fused_variant); variant < 0: the decode kernel with `split`.
 template <bool kHave = kBuiltSm90>
 m3qkv_status sm90_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, cudaStream_t s, int variant,
                        int epilogue, int split) {
   if constexpr (kHave)
-    return m3qkv::sm90_fused_variant(a, dev, nullptr, s, variant, split > 1 ? 64 : 0, epilogue, split);
+    return variant < 0 ? m3qkv::sm90_fused_decode(a, dev, nullptr, s, split)
+                       : m3qkv::sm90_fused_variant(a, dev, nullptr, s, variant, split > 1 ? 64 : 0, epilogue, split);
   else
     return M3QKV_ERROR_UNSUPPORTED_DEVICE;
 }
@@ -136,7 +140,7 @@ std::vector<FmtCase> fmt_cases() {
 struct FusedWay {
   std::string name;
   m3qkv_backend_kind backend;  // forced through m3qkv_testing_fused_qkv ...
-  int sm90_variant = -1;       // ... or, >= 0, sm90_fused_variant with:
+  int sm90_variant = -2;       // ... or, >= 0, sm90_fused_variant with these; -1: sm90_fused_decode
   int sm90_epilogue = 0;
   int sm90_split = 0;
 };
@@ -149,12 +153,14 @@ std::vector<FusedWay> fused_ways() {
     w.push_back(
         {"sm90 B registers split-K 2", M3QKV_BACKEND_SM90, m3qkv::kSm90Fp8Promote, m3qkv::kSm90EpilogueRegisters, 2});
     w.push_back({"sm90 B staged split-K 2", M3QKV_BACKEND_SM90, m3qkv::kSm90Fp8Promote, m3qkv::kSm90EpilogueStaged, 2});
+    w.push_back({"sm90 decode split 1", M3QKV_BACKEND_SM90, -1, 0, 1});
+    w.push_back({"sm90 decode split 2", M3QKV_BACKEND_SM90, -1, 0, 2});
   }
   return w;
 }
 
 void run_way(const Problem& p, const DeviceInputs& in, const FusedWay& way, int salt, Fetched* out) {
-  if (way.sm90_variant < 0) {
+  if (way.sm90_variant < -1) {
     FusedRun run;
     run.backend = way.backend;
     ASSERT_NO_FATAL_FAILURE(run_fused(p, in, run, salt, out));

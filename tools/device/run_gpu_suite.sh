@@ -36,6 +36,9 @@
 #                    RACECHECK_TIMEOUT (90), SYNCCHECK_TIMEOUT (90), EMU_TIMEOUT (240),
 #                    DEMO_TIMEOUT (60), BENCH_TIMEOUT (150)
 #   EMU_FILTER       emulation tests for the isolated step (default "*Sm100Emu*")
+#   SMOKE_FILTER     GPU tests run first under SMOKE_TIMEOUT (60); when any of
+#                    them fails or hangs, every later GPU step is skipped (a
+#                    barrier bug would otherwise spend each step's whole limit)
 #
 # Files written to $OUT (at most 8 come back from the device machine; names
 # only [A-Za-z0-9._-]):
@@ -162,6 +165,16 @@ if ((EMU_BUILD)); then
   GPU_JSON=()
   if [[ "$GPU_FILTER" == *-* ]]; then GPU_FILTER="$GPU_FILTER:*Sm100Emu*"; else GPU_FILTER="$GPU_FILTER-*Sm100Emu*"; fi
 fi
+SMOKE_OK=1
+if [[ -n "${SMOKE_FILTER:-}" && -x "$GPU_BIN" ]]; then
+  run_step smoke "${SMOKE_TIMEOUT:-60}" "$GPU_LOG" "$GPU_BIN" --gtest_filter="$SMOKE_FILTER" --gtest_color=no
+  read -r p f s < <(gtest_counts "$GPU_LOG")
+  record smoke "$STEP_RC" "$STEP_SECS" "$p" "$f" "$s" "$(note_timeout "filter $SMOKE_FILTER")"
+  if [[ "$STEP_RC" != 0 ]]; then
+    SMOKE_OK=0
+    GPU_BIN="$GPU_BIN.smoke-failed"  # every later step that needs it reports "not built"
+  fi
+fi
 if [[ -x "$GPU_BIN" ]]; then
   run_step gpu_tests "${GPU_TESTS_TIMEOUT:-240}" "$GPU_LOG" \
     "$GPU_BIN" --gtest_filter="$GPU_FILTER" "${GPU_JSON[@]}" --gtest_color=no
@@ -222,6 +235,8 @@ fi
 # --- demo ---------------------------------------------------------------------
 if [[ "${SKIP_DEMO:-0}" == 1 ]]; then
   record demo skip 0 - - - "SKIP_DEMO=1"
+elif ((SMOKE_OK == 0)); then
+  record demo skip 0 - - - "smoke tests failed"
 elif DEMO_BIN=$(find_bin m3qkv_demo) && [[ -x "$DEMO_BIN" ]]; then
   demo_args=()
   [[ -n "${DEMO_M:-}" ]] && demo_args=(--m "$DEMO_M")
@@ -236,6 +251,8 @@ fi
 # --- benchmark ----------------------------------------------------------------
 if [[ "${SKIP_BENCH:-0}" == 1 ]]; then
   record bench skip 0 - - - "SKIP_BENCH=1"
+elif ((SMOKE_OK == 0)); then
+  record bench skip 0 - - - "smoke tests failed"
 elif BENCH_BIN=$(find_bin m3qkv_bench) && [[ -x "$BENCH_BIN" ]]; then
   # shellcheck disable=SC2206  # BENCH_ARGS is a word list on purpose
   # Each entry is a graph replay of many calls: 0.05 s per entry is plenty and keeps the

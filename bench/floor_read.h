@@ -1,0 +1,11 @@
+// See floor_read.cu.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+// Reads a_bytes of a and b_bytes of b (multiples of 16, 16-B aligned) once;
+// `sink` holds `blocks` words.
+cudaError_t m3qkv_bench_floor_read(const void* a, size_t a_bytes, const void* b, size_t b_bytes, uint32_t* sink,
+                                   int blocks, cudaStream_t s);

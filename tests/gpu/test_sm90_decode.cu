@@ -1,0 +1,407 @@
+// The SM90 decode kernel (src/sm90/decode_sm90.cu, M <= 256) on a CC 9.0
+// device, called through m3qkv::sm90_fused_decode (forced split sizes and
+// grids) and through the public API (automatic routing). Skipped elsewhere.
+//
+//  - Sm90DecodeExact: exact data (acc exact on any hardware), every head
+//    layout x M in {1, 2, 7, 16, 33, 64, 129, 256} x block sizes 16 / 128,
+//    automatic plan: every output byte equal to the golden model with both
+//    poison salts, error_flags equal, tap equal to the golden accumulator.
+//  - Sm90DecodeShapes: forced splits (1, 2, max, auto) x persistent grids
+//    (1, 7, auto) x PDL, out-of-range slots / positions, the API route.
+//  - Sm90DecodeRandom: random data, K = 6144 and others: GEMM error of the tap
+//    vs the f64 reference (reported, <= 1e-5), epilogue bit-exact on the tap,
+//    the same bytes on a second run, and how many accumulator entries change
+//    with the split size (reported: the summation order differs).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cinttypes>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "api/internal.h"
+#include "common/problem.h"
+#include "common/test_util.h"
+#include "golden/golden.h"
+#include "gpu/gpu_util.h"
+#include "gpu/harness.h"
+#include "sm90/decode_config.h"
+#include "sm90/decode_plan.h"
+#include "sm90/sm90.h"
+
+namespace {
+
+using namespace m3qkv_gpu;
+using m3qkv_test::make_problem;
+
+constexpr bool arch_list_has(int want) {
+  constexpr int kList[] = {__CUDA_ARCH_LIST__};
+  for (int a : kList)
+    if (a == want) return true;
+  return false;
+}
+constexpr bool kBuiltSm90 = arch_list_has(900);
+
+template <bool kHave = kBuiltSm90>
+m3qkv_status decode_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s,
+                         int split) {
+  if constexpr (kHave)
+    return m3qkv::sm90_fused_decode(a, dev, tap, s, split);
+  else
+    return M3QKV_ERROR_UNSUPPORTED_DEVICE;
+}
+
+template <bool kHave = kBuiltSm90>
+void decode_trace(uint64_t* buf, int ctas) {
+  if constexpr (kHave) m3qkv::sm90::decode::decode_set_trace(buf, ctas);
+}
+
+#define M3QKV_REQUIRE_SM90_DECODE()                                                                                \
+  do {                                                                                                             \
+    M3QKV_REQUIRE_GPU();                                                                                           \
+    if (!kBuiltSm90) GTEST_SKIP() << "library built without the sm_90a target (M3QKV_CUDA_ARCHS lacks 90a)";       \
+    if (::m3qkv_gpu::device_cc() != 90)                                                                            \
+      GTEST_SKIP() << "the SM90 kernel needs compute capability 9.0 (device has " << ::m3qkv_gpu::device_cc() / 10 \
+                   << "." << ::m3qkv_gpu::device_cc() % 10 << ")";                                                 \
+  } while (0)
+
+ProblemConfig config(const Heads& h, int64_t m, int64_t k, bool exact, int block_size) {
+  ProblemConfig cfg;
+  cfg.m = m;
+  cfg.k = k;
+  cfg.nq = h.nq;
+  cfg.nkv = h.nkv;
+  cfg.niq = h.niq;
+  cfg.nik = h.nik;
+  cfg.block_size = block_size;
+  cfg.exact_data = exact;
+  return cfg;
+}
+
+struct DecodeRun {
+  int split = 0;  // 0 = the plan's
+  int grid = 0;
+  int use_pdl = 0;
+  bool tap = true;
+};
+std::string run_name(const DecodeRun& r) {
+  return "split " + std::to_string(r.split) + " grid " + std::to_string(r.grid) + " pdl " + std::to_string(r.use_pdl);
+}
+
+void run_decode(const Problem& p, const DeviceInputs& in, const DecodeRun& run, int salt, Fetched* out,
+                std::vector<float>* acc) {
+  DeviceOutputs d;
+  CUDA_OK(d.init(p, salt));
+  m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
+  a.use_pdl = run.use_pdl;
+  a.grid = run.grid;
+  bool noop = true;
+  M3QKV_OK(m3qkv::validate_fused(&a, &noop));
+  ASSERT_FALSE(noop);
+  m3qkv::DeviceInfo dev;
+  M3QKV_OK(m3qkv::current_device_info(&dev));
+  DeviceBuffer tap;
+  const size_t tap_bytes = static_cast<size_t>(p.acc_elems()) * sizeof(float);
+  if (run.tap) {
+    CUDA_OK(tap.alloc(tap_bytes));
+    CUDA_OK(cudaMemset(tap.get(), 0xFF, tap_bytes));  // NaN: an unwritten entry cannot pass
+  }
+  Stream s;
+  CUDA_OK(s.error());
+  M3QKV_OK(decode_call(a, dev, run.tap ? tap.as<float>() : nullptr, s.get(), run.split));
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(s.get()));
+  CUDA_OK(fetch_outputs(d, out));
+  if (run.tap && acc) CUDA_OK(tap.download_as(acc));
+}
+
+// Exact data: outputs and tap vs the golden model, both salts.
+void check_exact(const Problem& p, const DeviceInputs& in, const std::vector<float>& acc, DecodeRun run,
+                 const std::string& what) {
+  for (int salt = 0; salt < 2; ++salt) {
+    SCOPED_TRACE(what + ", " + run_name(run) + ", poison salt " + std::to_string(salt));
+    run.tap = salt == 0;  // the second run takes the path without a tap
+    Fetched got;
+    std::vector<float> tap;
+    ASSERT_NO_FATAL_FAILURE(run_decode(p, in, run, salt, &got, &tap));
+    HostOutputs want = poisoned_host_outputs(p, salt);
+    golden_epilogue(p, acc.data(), &want);
+    expect_same_outputs(p, want, got, what + " [" + run_name(run) + "]");
+    if (run.tap) {
+      ASSERT_EQ(tap.size(), acc.size());
+      int64_t first = -1;
+      const int64_t bad = count_f32_mismatch(tap.data(), acc.data(), acc.size(), &first);
+      EXPECT_EQ(bad, 0) << "tap differs from the exact golden accumulator in " << bad << " entries; first ["
+                        << first / p.n() << ", " << first % p.n() << "]: got "
+                        << (first >= 0 ? tap[size_t(first)] : 0.f) << ", expected "
+                        << (first >= 0 ? acc[size_t(first)] : 0.f);
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+std::vector<float> golden_acc(const Problem& p) {
+  return m3qkv::golden::mxfp8_acc(p.xq.data(), p.xsf.data(), p.wq.data(), p.wsf.data(), p.m, p.n(), p.k);
+}
+
+// ------------------------------------------------------------ exact sweep
+struct ExactCase {
+  Heads heads;
+  int64_t m;
+  int block_size;
+};
+std::string exact_name(const ExactCase& c) {
+  return std::string(c.heads.name) + "_M" + std::to_string(c.m) + "_B" + std::to_string(c.block_size);
+}
+std::vector<ExactCase> exact_cases() {
+  std::vector<ExactCase> v;
+  for (const Heads& h : {kTP1, kTP2, kTP4, kTP8, kDense})
+    for (int64_t m : {1, 2, 7, 16, 33, 64, 129, 256})
+      for (int bs : {16, 128}) v.push_back({h, m, bs});
+  return v;
+}
+class Sm90DecodeExact : public ::testing::TestWithParam<ExactCase> {};
+
+TEST_P(Sm90DecodeExact, BitExactVsGolden) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  const ExactCase& c = GetParam();
+  // K: 4 stages (splits up to 4 per head), 2 where M·N is large (CPU golden time).
+  const int64_t n = int64_t(c.heads.nq + 2 * c.heads.nkv + c.heads.niq + c.heads.nik) * 128;
+  const int64_t k = c.m * n >= (int64_t(1) << 20) ? 256 : 512;
+  const Problem p = make_problem(config(c.heads, c.m, k, /*exact=*/true, c.block_size));
+  const std::vector<float> acc = golden_acc(p);
+  DeviceInputs in;
+  CUDA_OK(in.upload(p));
+  ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, DecodeRun{}, exact_name(c)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Sweep, Sm90DecodeExact, ::testing::ValuesIn(exact_cases()),
+                         [](const ::testing::TestParamInfo<ExactCase>& i) { return exact_name(i.param); });
+
+// ------------------------------------------------------- launch shapes
+// K = 2048 (16 stages): forced splits 1 (no workspace), 2, 16 (one stage per
+// unit) and the plan's; grids of 1 CTA (walks every unit: the stage ring and
+// the B ring wrap across units) and 7; PDL on and off.
+TEST(Sm90DecodeShapes, ForcedSplitsGridsPdl_TP4_K2048) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  for (int64_t m : {1, 64, 129}) {
+    const Problem p = make_problem(config(kTP4, m, 2048, /*exact=*/true, 16));
+    const std::vector<float> acc = golden_acc(p);
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    for (int split : {0, 1, 2, 16})
+      for (int grid : {0, 1, 7})
+        for (int pdl : {0, 1}) {
+          if ((grid != 0 || split == 16) && pdl == 1) continue;
+          DecodeRun run;
+          run.split = split;
+          run.grid = grid;
+          run.use_pdl = pdl;
+          ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M" + std::to_string(m) + "_K2048"));
+          if (HasFailure()) return;
+        }
+  }
+}
+
+// TP8 and TP1 at the real K with the plan's split (11 / 5 at M = 1): uneven
+// stage ranges (48 / 11), many units per CTA (TP1).
+TEST(Sm90DecodeShapes, RealKPlanSplits_TP8_TP1_K6144) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  for (const Heads& h : {kTP8, kTP1})
+    for (int64_t m : {1, 16}) {
+      const Problem p = make_problem(config(h, m, 6144, /*exact=*/true, 128));
+      const std::vector<float> acc = golden_acc(p);
+      DeviceInputs in;
+      CUDA_OK(in.upload(p));
+      ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, DecodeRun{}, std::string(h.name) + "_M" + std::to_string(m)));
+      if (HasFailure()) return;
+    }
+}
+
+TEST(Sm90DecodeShapes, OutOfRangeSlotsAndPositionsFlaggedNotWritten_TP1_M200) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  ProblemConfig cfg = config(kTP1, 200, 256, /*exact=*/true, 128);
+  cfg.out_of_range_slots = true;
+  cfg.out_of_range_positions = true;
+  cfg.slot_skip_fraction = 0.25;
+  const Problem p = make_problem(cfg);
+  const std::vector<float> acc = golden_acc(p);
+  DeviceInputs in;
+  CUDA_OK(in.upload(p));
+  ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, DecodeRun{}, "TP1_M200_OutOfRange"));
+  Fetched got;
+  ASSERT_NO_FATAL_FAILURE(run_decode(p, in, DecodeRun{}, 0, &got, nullptr));
+  EXPECT_NE(got.flags & M3QKV_FLAG_SLOT_OUT_OF_RANGE, 0u);
+  EXPECT_NE(got.flags & M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, 0u);
+  EXPECT_NE(got.flags & M3QKV_FLAG_POSITION_OUT_OF_RANGE, 0u);
+}
+
+// The public API routes M <= kDecodeMaxM on CC 9.0 to the decode kernel: the
+// same bytes as the forced decode call, and as the golden model.
+TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  ASSERT_TRUE(m3qkv::sm90_uses_decode(1) && m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM));
+  ASSERT_FALSE(m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1));
+  for (int64_t m : {3, 256}) {
+    const Problem p = make_problem(config(kTP4, m, 1024, /*exact=*/true, 16));
+    const std::vector<float> acc = golden_acc(p);
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    FusedRun run;
+    run.backend = M3QKV_BACKEND_NONE;
+    Fetched got;
+    ASSERT_NO_FATAL_FAILURE(run_fused(p, in, run, 1, &got));
+    HostOutputs want = poisoned_host_outputs(p, 1);
+    golden_epilogue(p, acc.data(), &want);
+    expect_same_outputs(p, want, got, "API TP4 M " + std::to_string(m));
+  }
+}
+
+// ------------------------------------------------------------ random data
+struct RandomCase {
+  Heads heads;
+  int64_t m;
+  int64_t k;
+};
+std::string random_name(const RandomCase& c) {
+  return std::string(c.heads.name) + "_M" + std::to_string(c.m) + "_K" + std::to_string(c.k);
+}
+class Sm90DecodeRandom : public ::testing::TestWithParam<RandomCase> {};
+
+TEST_P(Sm90DecodeRandom, GemmErrorEpilogueOnTapRunToRun) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  const RandomCase& c = GetParam();
+  const Problem p = make_problem(config(c.heads, c.m, c.k, /*exact=*/false, 128));
+  const std::vector<double> ref =
+      m3qkv::golden::mxfp8_acc_f64(p.xq.data(), p.xsf.data(), p.wq.data(), p.wsf.data(), p.m, p.n(), p.k);
+  DeviceInputs in;
+  CUDA_OK(in.upload(p));
+  Fetched got;
+  std::vector<float> tap;
+  ASSERT_NO_FATAL_FAILURE(run_decode(p, in, DecodeRun{}, 0, &got, &tap));
+  ASSERT_EQ(tap.size(), ref.size());
+  const ErrorFigure e = relative_error(tap.data(), ref.data(), ref.size());
+  RecordProperty("gemm_rel_error_sm90_decode", std::to_string(e.rel_fro));
+  std::printf("[ gemm ] sm90 decode %s: |acc-ref|/|ref| = %.3e, max|err|/max|ref| = %.3e, non-finite %" PRId64 "\n",
+              random_name(c).c_str(), e.rel_fro, e.max_abs_over_max_ref, e.non_finite);
+  EXPECT_EQ(e.non_finite, 0) << "the tap holds non-finite entries (unwritten?)";
+  EXPECT_LE(e.rel_fro, 1e-5);
+  HostOutputs want = poisoned_host_outputs(p, 0);
+  golden_epilogue(p, tap.data(), &want);
+  expect_same_outputs(p, want, got, "random " + random_name(c) + " epilogue on tap");
+
+  // Run to run: the same bytes (fixed-order reduction, whichever unit is last).
+  Fetched again;
+  std::vector<float> tap2;
+  ASSERT_NO_FATAL_FAILURE(run_decode(p, in, DecodeRun{}, 0, &again, &tap2));
+  int64_t first = -1;
+  EXPECT_EQ(count_f32_mismatch(tap.data(), tap2.data(), tap.size(), &first), 0) << "first at " << first;
+  expect_same_fetched(p, got, again, "second run " + random_name(c));
+
+  // Bytes vs the split size: the sum is grouped differently (reported only).
+  DecodeRun one;
+  one.split = 1;
+  Fetched unsplit;
+  std::vector<float> tap1;
+  ASSERT_NO_FATAL_FAILURE(run_decode(p, in, one, 0, &unsplit, &tap1));
+  const ErrorFigure e1 = relative_error(tap1.data(), ref.data(), ref.size());
+  EXPECT_LE(e1.rel_fro, 1e-5);
+  const int64_t differ = count_f32_mismatch(tap.data(), tap1.data(), tap.size(), &first);
+  std::printf("[ split ] %s: %" PRId64 " of %zu accumulator entries differ between the plan's split and split 1\n",
+              random_name(c).c_str(), differ, tap.size());
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Sm90DecodeRandom,
+                         ::testing::Values(RandomCase{kTP4, 1, 6144}, RandomCase{kTP4, 64, 6144},
+                                           RandomCase{kTP8, 33, 6144}, RandomCase{kTP1, 7, 2048},
+                                           RandomCase{kTP2, 256, 1024}, RandomCase{kDense, 129, 2048}),
+                         [](const ::testing::TestParamInfo<RandomCase>& i) { return random_name(i.param); });
+
+// ------------------------------------------------------------ timeline
+// Not a check: the per-CTA %globaltimer timeline of one decode call (cold L2:
+// a 256 MiB memset first; then warm), median / p90 over CTAs, µs from the
+// earliest kernel entry. Run with --gtest_also_run_disabled_tests.
+TEST(Sm90DecodeTiming, DISABLED_Timeline) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  namespace dec = m3qkv::sm90::decode;
+  constexpr int kCtas = 1024;
+  DeviceBuffer trace(size_t(kCtas) * dec::kTraceEvents * sizeof(uint64_t));
+  CUDA_OK(trace.error());
+  DeviceBuffer flush(size_t(256) << 20);  // > 50 MiB L2
+  CUDA_OK(flush.error());
+  const char* names[] = {"entry", "pdl_done", "first_full", "main_done", "arrived", "unit_done"};
+  struct Case {
+    Heads h;
+    int64_t m;
+  };
+  for (const Case& c : {Case{kTP4, 1}, Case{kTP4, 64}, Case{kTP4, 128}, Case{kTP8, 1}, Case{kTP1, 1}}) {
+    const Problem p = make_problem(config(c.h, c.m, 6144, /*exact=*/false, 128));
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    DeviceOutputs d;
+    CUDA_OK(d.init(p, 0));
+    m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
+    m3qkv::DeviceInfo dev;
+    M3QKV_OK(m3qkv::current_device_info(&dev));
+    const m3qkv::sm90::DecodePlan plan =
+        m3qkv::sm90::plan_decode(c.m, int(p.n() / 128), int(p.k / 128), dev.num_sms);
+    Stream s;
+    CUDA_OK(s.error());
+    Event e0, e1;
+    CUDA_OK(e0.error());
+    CUDA_OK(e1.error());
+    for (int cold = 1; cold >= 0; --cold) {
+      for (int i = 0; i < 3; ++i) M3QKV_OK(decode_call(a, dev, nullptr, s.get(), 0));
+      if (cold) CUDA_OK(cudaMemsetAsync(flush.get(), cold, flush.size(), s.get()));
+      CUDA_OK(cudaMemsetAsync(trace.get(), 0, trace.size(), s.get()));
+      decode_trace(trace.as<uint64_t>(), kCtas);
+      CUDA_OK(cudaEventRecord(e0.get(), s.get()));
+      M3QKV_OK(decode_call(a, dev, nullptr, s.get(), 0));
+      CUDA_OK(cudaEventRecord(e1.get(), s.get()));
+      decode_trace(nullptr, 0);
+      CUDA_OK(cudaEventSynchronize(e1.get()));
+      float ms = 0.f;
+      CUDA_OK(cudaEventElapsedTime(&ms, e0.get(), e1.get()));
+      std::vector<uint64_t> t;
+      CUDA_OK(trace.download_as(&t));
+      auto at = [&](int cta, int ev) { return t[size_t(cta) * dec::kTraceEvents + ev]; };
+      int ctas = 0;
+      uint64_t t0 = ~0ull, lasts = 0, units = 0;
+      for (int k = 0; k < kCtas; ++k)
+        if (at(k, dec::kTrEntry) != 0) {
+          ++ctas;
+          t0 = std::min(t0, at(k, dec::kTrEntry));
+          units += at(k, dec::kTrUnits);
+          lasts += at(k, dec::kTrLastArrivals);
+        }
+      std::printf("[ trace ] %s M%lld K6144 %s L2: call %.1f us (events); plan nt %d split %d grid %d units %lld; "
+                  "%d CTAs traced, %llu units, %llu last arrivals\n",
+                  c.h.name, static_cast<long long>(c.m), cold ? "cold" : "warm", 1e3 * double(ms), plan.nt,
+                  plan.split, plan.grid, static_cast<long long>(plan.units), ctas,
+                  static_cast<unsigned long long>(units), static_cast<unsigned long long>(lasts));
+      ASSERT_GT(ctas, 0);
+      for (int ev = 0; ev <= dec::kTrEpiDone; ++ev) {
+        std::vector<double> v;
+        for (int k = 0; k < kCtas; ++k)
+          if (at(k, dec::kTrEntry) != 0 && at(k, ev) != 0) v.push_back(1e-3 * double(at(k, ev) - t0));
+        if (v.empty()) {
+          std::printf("[ trace ]   %-11s (no CTA)\n", names[ev]);
+          continue;
+        }
+        std::sort(v.begin(), v.end());
+        std::printf("[ trace ]   %-11s n %4zu  min %8.2f  p50 %8.2f  p90 %8.2f  max %8.2f us\n", names[ev], v.size(),
+                    v.front(), v[v.size() / 2], v[v.size() * 9 / 10], v.back());
+      }
+    }
+  }
+}
+
+}  // namespace
