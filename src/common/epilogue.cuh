@@ -1,4 +1,4 @@
-// The epilogue of SPEC §3 (numerics), §4 (cache layouts) and §6 (device-side
+// The epilogue of SPEC §3 (numerics), §4 / §4b (cache layouts) and §6 (device-side
 // guards) as small device functions, written once for every GPU backend.
 //
 // Data model: a head row is 128 f32 values reached through a `float*`. The
@@ -76,6 +76,12 @@ struct EpilogueParams {
   float k_sf;  // RN(1 / k_scale)
   float v_sf;  // RN(1 / v_scale)
   uint32_t* error_flags;
+  // Cache formats (SPEC §4b): kCacheNvfp4 / kCacheFp8 / kCacheBf16 of common/layouts.h.
+  int32_t kv_dtype;
+  int32_t ix_dtype;
+  uint8_t* v_cache;         // FP8 / BF16 KV: V elements (K in kv_cache)
+  int64_t kv_token_stride;  // FP8 / BF16 KV, bytes
+  int64_t kv_head_stride;
 };
 
 // Host side: m3qkv_fused_args and m3qkv_insert_args name these fields alike.
@@ -113,6 +119,11 @@ inline EpilogueParams make_epilogue_params(const Args& a) {
   p.k_sf = rcp_rn(a.k_scale);
   p.v_sf = rcp_rn(a.v_scale);
   p.error_flags = a.error_flags;
+  p.kv_dtype = a.kv_cache_dtype;
+  p.ix_dtype = a.index_cache_dtype;
+  p.v_cache = static_cast<uint8_t*>(a.v_cache);
+  p.kv_token_stride = a.kv_token_stride;
+  p.kv_head_stride = a.kv_head_stride;
   return p;
 }
 
@@ -299,6 +310,20 @@ M3_HD void nvfp4_store_head(const float* y, bool has_sf, float sf, bool v_swizzl
   if (!v_swizzle) *reinterpret_cast<uint2*>(slot_base + nvfp4_scale_offset_linear(t, 0, block_size)) = make_uint2(sw[0], sw[1]);
 }
 
+// ------------------------------------------------- FP8 / BF16 cache rows
+// One head row into a flat cache row at dst (SPEC §4b): FP8 = the q_fp8_out
+// rule e4m3_satfinite_rn(y · sf), BF16 = bf16_rn(y). index_k passes sf = 1:
+// the contract has no multiply there, and y · 1 = y exactly for every non-NaN
+// f32 (IEEE; ±0, ±inf and subnormals included) while any NaN encodes to 0x7F
+// either way, so one code path serves K, V and index_k. dst is 16-B aligned
+// (cache bases 16-B aligned, strides % 16, rows start at column 0).
+M3_HD void flat_store_head(const float* y, int32_t dtype, float sf, uint8_t* dst) {
+  if (dtype == kCacheFp8)
+    store_e4m3_head<true>(y, sf, dst);
+  else
+    store_bf16_head(y, reinterpret_cast<uint16_t*>(dst));
+}
+
 // ------------------------------------------------------ one (row, head)
 // RMSNorm + RoPE of a q / k / index_q / index_k row, position guarded.
 M3_HD void norm_rope_head(const EpilogueParams& p, int64_t m, const uint16_t* w, float* x) {
@@ -313,6 +338,11 @@ M3_HD void norm_rope_head(const EpilogueParams& p, int64_t m, const uint16_t* w,
 // guards of SPEC §6.
 M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float* x) {
   const HeadInfo h = head_info(head, p.nq, p.nkv, p.niq);
+  // FP8 / BF16 cache row of a k / v / index_k head: one store site after the
+  // switch (one copy of each encoder in the kernel, not one per head kind).
+  uint8_t* flat_dst = nullptr;
+  int32_t flat_dtype = kCacheNvfp4;
+  float flat_sf = 1.0f;
   switch (h.kind) {
     case HeadKind::Q: {
       norm_rope_head(p, m, p.q_norm_weight, x);
@@ -334,9 +364,17 @@ M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float
         break;
       const bool is_k = h.kind == HeadKind::K;
       if (is_k) norm_rope_head(p, m, p.k_norm_weight, x);
-      uint8_t* slot = p.kv_cache + nvfp4_slot_base(sa.page, 2 * h.index + (is_k ? 0 : 1), p.kv_page_stride,
-                                                   p.block_size);
-      nvfp4_store_head(x, true, is_k ? p.k_sf : p.v_sf, !is_k, slot, sa.token, p.block_size);
+      if (p.kv_dtype == kCacheNvfp4) {
+        uint8_t* slot = p.kv_cache + nvfp4_slot_base(sa.page, 2 * h.index + (is_k ? 0 : 1), p.kv_page_stride,
+                                                     p.block_size);
+        nvfp4_store_head(x, true, is_k ? p.k_sf : p.v_sf, !is_k, slot, sa.token, p.block_size);
+      } else {
+        flat_dst = (is_k ? p.kv_cache : p.v_cache) + kv_flat_offset(sa.page, sa.token, h.index, 0, p.kv_page_stride,
+                                                                    p.kv_token_stride, p.kv_head_stride,
+                                                                    flat_elem_bytes(p.kv_dtype));
+        flat_dtype = p.kv_dtype;
+        flat_sf = is_k ? p.k_sf : p.v_sf;
+      }
       break;
     }
     case HeadKind::IndexK: {
@@ -345,11 +383,19 @@ M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float
                         M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &sa))
         break;
       norm_rope_head(p, m, p.index_k_norm_weight, x);
-      uint8_t* slot = p.index_cache + nvfp4_slot_base(sa.page, 0, p.index_page_stride, p.block_size);
-      nvfp4_store_head(x, false, 1.0f, false, slot, sa.token, p.block_size);
+      if (p.ix_dtype == kCacheNvfp4) {
+        uint8_t* slot = p.index_cache + nvfp4_slot_base(sa.page, 0, p.index_page_stride, p.block_size);
+        nvfp4_store_head(x, false, 1.0f, false, slot, sa.token, p.block_size);
+      } else {
+        flat_dst = p.index_cache +
+                   index_flat_offset(sa.page, sa.token, 0, p.index_page_stride, flat_elem_bytes(p.ix_dtype));
+        flat_dtype = p.ix_dtype;
+        flat_sf = 1.0f;  // unit scale (see flat_store_head)
+      }
       break;
     }
   }
+  if (flat_dst != nullptr) flat_store_head(x, flat_dtype, flat_sf, flat_dst);
 }
 
 }  // namespace epi

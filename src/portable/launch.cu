@@ -4,7 +4,8 @@
 // attribute is set on CC >= 9.0 (the kernels call griddepcontrol.wait before
 // reading any input). `grid` (fused, gemm, insert): the kernels loop over
 // their work items with a grid stride, so any grid >= 1 is correct; 0 = one
-// CTA per tile (fused, gemm) or enough CTAs for one item per thread (insert).
+// CTA per tile (fused, gemm) or enough CTAs for one (8-row group, head) item
+// per warp (insert).
 #include <atomic>
 #include <climits>
 #include <cstdio>
@@ -119,10 +120,11 @@ m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, 
   p.qkv = static_cast<const uint16_t*>(a.qkv);
   p.m = a.m;
   p.e = epi::make_epilogue_params(a);
-  const int64_t items = a.m * total_heads(a.nq, a.nkv, a.niq, a.nik);
+  const int64_t items = (a.m + portable::kInsertRowsPerWarp - 1) / portable::kInsertRowsPerWarp *
+                        total_heads(a.nq, a.nkv, a.niq, a.nik);
   return launch("m3qkv_portable_insert_kernel", m3qkv_portable_insert_kernel,
-                grid_for(items, portable::kInsertThreads, a.grid), portable::kInsertThreads, 0, a.use_pdl != 0, dev,
-                s, p);
+                grid_for(items, portable::kInsertThreads / 32, a.grid), portable::kInsertThreads, 0, a.use_pdl != 0,
+                dev, s, p);
 }
 
 m3qkv_status portable_quantize(const m3qkv_quantize_args& a, const DeviceInfo& dev, cudaStream_t s) {
