@@ -15,6 +15,16 @@
 //   cublas_bf16+insert   the same, then m3qkv's insert on its bf16 [M, N] output
 //   cublaslt_fp8         cuBLASLt e4m3 GEMM, per-tensor scales, → bf16
 //   cublaslt_fp8+insert  the same, then m3qkv's insert on its output
+//   fused_<backend>_<fmt> the fused kernel writing FP8 or BF16 caches (fmt = fp8,
+//                        bf16: KV and index cache in that format, vLLM flash KV
+//                        layout [num_blocks, 128, nkv, 128] as two tensors)
+//   insert_<fmt>         m3qkv_qknorm_rope_kv_insert alone on the bf16 qkv
+//                        (fmt = nvfp4, fp8, bf16), with counters bound_us =
+//                        1.5 · bytes / copy bandwidth + 2 µs (the issue-13
+//                        target) and x_bound = time / bound_us
+// plus copy_d2d (first, after the peaks): cudaMemcpyAsync device to device of
+// 1 GiB, whose bandwidth (bytes read + written) the insert bounds use (4.24 TB/s,
+// the 2026-12-01 H200 figure, when it is filtered out: counter copy_bw_assumed).
 // The "+insert" lines are what a serving stack without m3qkv would run: a
 // vendor GEMM, then a separate norm/RoPE/cache-insert pass over the bf16
 // projection. Only at TP4 and M ∈ {1, 64, 512, 4096} (they are slow and exist
@@ -117,19 +127,26 @@ const Heads& heads_of(int64_t tp) {
 // ------------------------------------------------------------ bytes / flops
 // What the attention pre-processing must move per call besides the GEMM
 // operands: the small per-token inputs and the outputs.
-double epilogue_bytes(const Heads& h, int64_t m) {
+// Cache formats of the sweep (m3qkv_cache_dtype): bytes one cache token of one head takes.
+constexpr int kFormats = 3;
+const char* const kFormatNames[kFormats] = {"nvfp4", "fp8", "bf16"};
+constexpr double kTokenBytes[kFormats] = {72, 128, 256};  // NVFP4 64 data + 8 scales; 128 elements of 1 / 2 B
+double epilogue_bytes(const Heads& h, int64_t m, int fmt = 0) {
   const double md = double(m);
   double b = md * (8 + 8 + 8 + 128) + 4 * 256;  // positions, 2 slot maps, cos/sin row, norm weights
   b += md * h.nq * 128 * 2 + md * h.niq * 128;  // q bf16 + index_q e4m3
-  b += md * (2 * h.nkv + h.nik) * 72;           // K, V, index_k cache slots
+  b += md * (2 * h.nkv + h.nik) * kTokenBytes[fmt];  // K, V, index_k cache tokens
   return b;
 }
+// What one insert call must move at least once (bench/RESULTS.md "Insert"):
+// the bf16 qkv [M, N] it reads plus everything the epilogue reads and writes.
+double insert_bytes(const Heads& h, int64_t m, int fmt) { return double(m * h.n()) * 2 + epilogue_bytes(h, m, fmt); }
 // Bytes one fused call must move at least once (bench/RESULTS.md "Floors").
-double fused_bytes(const Heads& h, int64_t m) {
+double fused_bytes(const Heads& h, int64_t m, int fmt = 0) {
   const int64_t n = h.n();
   double b = double(n * kK) + double(m3qkv::f8_128x4_bytes(n, kK / 32));   // wq + wsf
   b += double(m * kK) + double(m3qkv::f8_128x4_bytes(m, kK / 32));         // xq + xsf
-  return b + epilogue_bytes(h, m);
+  return b + epilogue_bytes(h, m, fmt);
 }
 // A cuBLAS GEMM alone: operands of esz bytes per element + the bf16 output.
 double blas_bytes(const Heads& h, int64_t m, int esz) {
@@ -310,9 +327,12 @@ void fill_bf16(uint16_t* p, size_t n, int e, uint64_t seed) {
 // -------------------------------------------------------------- m3qkv sets
 // One set = every buffer one call touches that is large (operands, outputs).
 struct M3Set {
-  m3qkv_fused_args fused;
+  m3qkv_fused_args fused;    // NVFP4 caches
   m3qkv_gemm_args gemm;
-  m3qkv_insert_args insert;
+  m3qkv_insert_args insert;  // NVFP4 caches
+  // The same calls writing caches of format f (index: m3qkv_cache_dtype; [0] = the NVFP4 ones above).
+  m3qkv_fused_args fused_fmt[kFormats];
+  m3qkv_insert_args insert_fmt[kFormats];
 };
 struct M3Sets {
   std::vector<DevPtr> own;
@@ -361,6 +381,12 @@ std::unique_ptr<M3Sets> build_m3_sets(const Heads& h, int64_t m, int r) {
     void* dkv = dev_upload(s->own, nullptr, size_t(pages * kv_stride));
     void* dix = dev_upload(s->own, nullptr, size_t(pages * ix_stride));
     void* dqkv = dev_upload(s->own, nullptr, qkv_bytes);
+    // FP8 / BF16 caches (allocated for bf16, reused by fp8): K and V tensors
+    // [pages, 128, nkv, 128] and the index cache [pages, 128, 128].
+    const size_t flat_kv = size_t(pages * kBlock * h.nkv * 128 * 2), flat_ix = size_t(pages * kBlock * 128 * 2);
+    void* dk = dev_upload(s->own, nullptr, flat_kv);
+    void* dv = dev_upload(s->own, nullptr, flat_kv);
+    void* dfx = dev_upload(s->own, nullptr, flat_ix);
     if (!g_error.empty()) return nullptr;
     M3Set set;
     m3qkv_fused_args& a = set.fused;
@@ -437,6 +463,31 @@ std::unique_ptr<M3Sets> build_m3_sets(const Heads& h, int64_t m, int r) {
     in.k_scale = 1.0f;
     in.v_scale = 1.0f;
     in.use_pdl = 1;
+    set.fused_fmt[0] = a;
+    set.insert_fmt[0] = in;
+    for (int f = 1; f < kFormats; ++f) {
+      const int64_t e = f == M3QKV_CACHE_BF16 ? 2 : 1;
+      m3qkv_fused_args& fa = set.fused_fmt[f];
+      fa = a;
+      fa.kv_cache_dtype = fa.index_cache_dtype = f;
+      fa.kv_cache = dk;
+      fa.v_cache = dv;
+      fa.kv_head_stride = 128 * e;
+      fa.kv_token_stride = h.nkv * 128 * e;
+      fa.kv_page_stride = kBlock * fa.kv_token_stride;
+      fa.index_cache = dfx;
+      fa.index_page_stride = kBlock * 128 * e;
+      m3qkv_insert_args& fi = set.insert_fmt[f];
+      fi = in;
+      fi.kv_cache_dtype = fi.index_cache_dtype = f;
+      fi.kv_cache = fa.kv_cache;
+      fi.v_cache = fa.v_cache;
+      fi.kv_head_stride = fa.kv_head_stride;
+      fi.kv_token_stride = fa.kv_token_stride;
+      fi.kv_page_stride = fa.kv_page_stride;
+      fi.index_cache = fa.index_cache;
+      fi.index_page_stride = fa.index_page_stride;
+    }
     s->sets.push_back(set);
   }
   return s;
@@ -714,6 +765,63 @@ void bench_fused(benchmark::State& state, m3qkv_backend_kind backend) {
   timed_loop(state, int(s->sets.size()), fused_bytes(h, m), flops(h, m), 0.0, [&](int i) {
     return m3err(m3qkv_testing_fused_qkv(&s->sets[size_t(i)].fused, nullptr, backend, dev().stream));
   });
+}
+
+// The fused kernel writing FP8 / BF16 caches (fmt = m3qkv_cache_dtype).
+void bench_fused_fmt(benchmark::State& state, m3qkv_backend_kind backend, int fmt) {
+  const Heads& h = arg_heads(state);
+  const int64_t m = state.range(1);
+  M3Sets* s = m3_sets(h, m);
+  if (!s) return skip_setup(state);
+  timed_loop(state, int(s->sets.size()), fused_bytes(h, m, fmt), flops(h, m), 0.0, [&](int i) {
+    return m3err(m3qkv_testing_fused_qkv(&s->sets[size_t(i)].fused_fmt[fmt], nullptr, backend, dev().stream));
+  });
+}
+
+// Device-to-device copy bandwidth of this run (bytes read + written per second);
+// 0 until copy_d2d ran.
+double g_copy_bw = 0.0;
+constexpr double kAssumedCopyBw = 4.24e12;  // H200, 2026-12-01 (notes/hopper-and-baselines.md)
+constexpr size_t kCopyBytes = size_t(1) << 30;
+
+void bench_copy(benchmark::State& state) {
+  if (!dev().ok) return skip_setup(state);
+  static std::vector<DevPtr> own;
+  static void* src = nullptr;
+  static void* dst = nullptr;
+  if (!src) {
+    g_error.clear();
+    src = dev_upload(own, nullptr, kCopyBytes);
+    dst = dev_upload(own, nullptr, kCopyBytes);
+    if (!finish_build()) return skip_setup(state);
+  }
+  timed_loop(state, 1, 2.0 * double(kCopyBytes), 0.0, 0.0, [&](int) {
+    const cudaError_t e = cudaMemcpyAsync(dst, src, kCopyBytes, cudaMemcpyDeviceToDevice, dev().stream);
+    return e == cudaSuccess ? std::string() : std::string("cudaMemcpyAsync: ") + cudaGetErrorString(e);
+  });
+  const auto it = state.counters.find("GB/s");
+  if (it != state.counters.end()) g_copy_bw = double(it->second) * 1e9;
+  own.clear();
+  src = dst = nullptr;
+}
+
+// m3qkv_qknorm_rope_kv_insert alone on the set's bf16 qkv, caches of format fmt.
+void bench_insert(benchmark::State& state, int fmt) {
+  const Heads& h = arg_heads(state);
+  const int64_t m = state.range(1);
+  M3Sets* s = m3_sets(h, m);
+  if (!s) return skip_setup(state);
+  const double bytes = insert_bytes(h, m, fmt);
+  timed_loop(state, int(s->sets.size()), bytes, 0.0, 0.0, [&](int i) {
+    return m3err(m3qkv_qknorm_rope_kv_insert(&s->sets[size_t(i)].insert_fmt[fmt], dev().stream));
+  });
+  const auto it = state.counters.find("us");
+  if (it == state.counters.end()) return;
+  const double bw = g_copy_bw > 0 ? g_copy_bw : kAssumedCopyBw;
+  const double bound_us = 1.5 * bytes / bw * 1e6 + 2.0;
+  state.counters["bound_us"] = bound_us;
+  state.counters["x_bound"] = double(it->second) / bound_us;
+  state.counters["copy_bw_assumed"] = g_copy_bw > 0 ? 0 : 1;
 }
 
 #if M3QKV_WITH_SM90
@@ -1092,6 +1200,7 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
       ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
   benchmark::RegisterBenchmark("peak_fp8", [](benchmark::State& st) { bench_peak(st, true); })
       ->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.5);
+  benchmark::RegisterBenchmark("copy_d2d", bench_copy)->UseManualTime()->Unit(benchmark::kMicrosecond)->MinTime(0.3);
   for (const Heads& h : kHeads) {
     add("floor_read", h, 0, bench_floor_read);
     for (int64_t m : kMs) {
@@ -1102,6 +1211,12 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
       add("cublas_bf16+insert", h, m, [](benchmark::State& st) { bench_blas(st, false, true); });
       add("cublaslt_fp8", h, m, [](benchmark::State& st) { bench_blas(st, true, false); });
       add("cublaslt_fp8+insert", h, m, [](benchmark::State& st) { bench_blas(st, true, true); });
+      // Cache formats (issue 13): the fused kernel with FP8 / BF16 caches, the insert in every format.
+      for (int f = 1; f < kFormats; ++f)
+        add(std::string("fused_") + backend_tag(autok) + "_" + kFormatNames[f], h, m,
+            [autok, f](benchmark::State& st) { bench_fused_fmt(st, autok, f); });
+      for (int f = 0; f < kFormats; ++f)
+        add(std::string("insert_") + kFormatNames[f], h, m, [f](benchmark::State& st) { bench_insert(st, f); });
 #if M3QKV_WITH_SM90
       if (sm90_variants && h.tp == kExtraTp)
         for (int64_t cm : kCrossoverMs)

@@ -3,7 +3,8 @@
  *
  *   [q | k | v | index_q | index_k] = x · Wᵀ        (MXFP8 GEMM, f32 accumulator)
  *   q, k, index_q, index_k: Gemma RMSNorm + partial NeoX RoPE (64 of 128 columns)
- *   q -> bf16 and/or e4m3; index_q -> e4m3; k, v, index_k -> NVFP4 paged caches.
+ *   q -> bf16 and/or e4m3; index_q -> e4m3; k, v, index_k -> paged caches in
+ *   NVFP4 (the default), FP8 E4M3 or BF16 (kv_cache_dtype, index_cache_dtype).
  *
  * Public C API (C99). Every entry point validates all of its arguments before
  * anything is launched and returns a status; m3qkv_last_error() gives a
@@ -104,6 +105,28 @@ typedef enum m3qkv_backend_kind {
 #define M3QKV_FLAG_POSITION_OUT_OF_RANGE 0x4u   /* positions[t] outside [0, max_position): clamped for the read */
 
 /*
+ * Cache formats (kv_cache_dtype, index_cache_dtype; SPEC §4, §4b). Zero is the
+ * default, so a zero-initialized struct keeps the NVFP4 caches.
+ *   NVFP4: the paged layout of SPEC §4 (64 e2m1 data bytes + 8 e4m3 scale bytes
+ *          per token and head; K and V of a head in slots 2h / 2h+1 of a page).
+ *   FP8:   one e4m3 byte per element, e4m3_satfinite_rn(value · RN(1/scale))
+ *          with k_scale for K (normed + roped) and v_scale for V (raw), the rule
+ *          of q_fp8_out; index_k: e4m3_satfinite_rn(y), unit scale.
+ *   BF16:  one bf16 per element, bf16_rn(value); k_scale / v_scale are not used.
+ * FP8 / BF16 KV element (page p, token t, KV head h, column c) lives at
+ *   kv_cache + p·kv_page_stride + t·kv_token_stride + h·kv_head_stride + c·e
+ * for K and at the same offset from v_cache for V (e = 1 or 2 bytes), so the
+ * vLLM flash layout [num_blocks, block_size, nkv, 128] (two tensors, or one
+ * [num_blocks, 2, block_size, nkv, 128] allocation) is expressed by strides.
+ * FP8 / BF16 index_k token t of page p: index_cache + p·index_page_stride + t·128·e.
+ */
+typedef enum m3qkv_cache_dtype {
+  M3QKV_CACHE_NVFP4 = 0,
+  M3QKV_CACHE_FP8 = 1,
+  M3QKV_CACHE_BF16 = 2
+} m3qkv_cache_dtype;
+
+/*
  * Arguments of m3qkv_fused_qkv: the fused projection + epilogue.
  * Start with `size_t struct_size = sizeof(m3qkv_fused_args)`; zero-initialize
  * the rest before filling it (memset or `= {0}`). Fields are only ever added
@@ -142,11 +165,19 @@ typedef struct m3qkv_fused_args {
   const int64_t* slot_mapping;       /* int64 [M]: KV slot per token, < 0 = skip, 8-B aligned */
   const int64_t* index_slot_mapping; /* int64 [M]: index-cache slot, < 0 = skip; required when nik > 0 */
 
-  void* kv_cache;         /* uint8 pages [num_blocks][2·nkv][block_size][72], 16-B aligned */
-  int64_t kv_page_stride; /* host: bytes between pages, % 32 == 0, >= 2·nkv·block_size·72 */
-  int64_t num_blocks;     /* host: pages in kv_cache, >= 1 */
-  void* index_cache;         /* uint8 pages [num_index_blocks][block_size][72]; required when nik > 0 */
-  int64_t index_page_stride; /* host: % 32 == 0, >= block_size·72 (when nik > 0) */
+  /* KV cache, 16-B aligned. NVFP4: uint8 pages [num_blocks][2·nkv][block_size][72].
+     FP8 / BF16: the K elements (layout at m3qkv_cache_dtype; V from v_cache). */
+  void* kv_cache;
+  /* host: bytes between pages. NVFP4: % 32 == 0, >= 2·nkv·block_size·72.
+     FP8 / BF16: % 16 == 0, and the K elements of all pages pairwise disjoint
+     (see kv_token_stride). */
+  int64_t kv_page_stride;
+  int64_t num_blocks;     /* host: pages in kv_cache (and v_cache), >= 1 */
+  /* index_k cache, required when nik > 0, 16-B aligned. NVFP4: uint8 pages
+     [num_index_blocks][block_size][72]. FP8 / BF16: pages of block_size tokens of 128 elements. */
+  void* index_cache;
+  /* host, when nik > 0: NVFP4 % 32 == 0, >= block_size·72; FP8 / BF16 % 16 == 0, >= block_size·128·e */
+  int64_t index_page_stride;
   int64_t num_index_blocks;  /* host: >= 1 when nik > 0 */
   int32_t block_size;        /* host: tokens per page, > 0, % 4 == 0 (M3: 128) */
 
@@ -159,14 +190,31 @@ typedef struct m3qkv_fused_args {
      normal float (about 2.9e-39 <= scale <= 8.5e37): the kernels multiply by
      the reciprocal, which would otherwise saturate or zero every value ---- */
   float q_fp8_scale; /* q_fp8_out = e4m3(y / q_fp8_scale); checked only when q_fp8_out != NULL */
-  float k_scale;     /* NVFP4 k = value / k_scale before the block quantizer */
-  float v_scale;     /* NVFP4 v likewise */
+  float k_scale;     /* NVFP4 / FP8 K cache: value · RN(1/k_scale) is quantized; not used (nor checked) for BF16 */
+  float v_scale;     /* V cache likewise */
 
   /* ---- launch options (host) ---- */
   int32_t cta_group; /* SM100 only: 0 = auto, 1 or 2; other backends accept 0, 1, 2 and ignore it */
   int32_t use_pdl;   /* 0 or 1: programmatic dependent launch attribute */
   int32_t grid;      /* persistent grid size, 0 = auto, else >= 1 */
   uint32_t* error_flags; /* device, optional: M3QKV_FLAG_* bits are OR-ed in; 4-B aligned */
+
+  /* ---- cache formats (appended in 0.2; all zero = the NVFP4 caches above) ---- */
+  int32_t kv_cache_dtype;    /* host: m3qkv_cache_dtype of kv_cache (and v_cache): 0 NVFP4, 1 FP8, 2 BF16 */
+  int32_t index_cache_dtype; /* host: m3qkv_cache_dtype of index_cache (checked when nik > 0) */
+  /* FP8 / BF16: the V elements, same strides as K (16-B aligned, required;
+     may lie inside kv_cache's allocation, e.g. [num_blocks, 2, block_size, nkv, 128],
+     when no V element meets a K element). NVFP4: must be NULL (V is in kv_cache). */
+  void* v_cache;
+  /* host, FP8 / BF16 only (must be 0 for NVFP4): bytes between the tokens of a
+     page and between the KV heads of a token, > 0, % 16 == 0. The K elements
+     must be pairwise disjoint: with the four dimensions (column: e bytes × 128,
+     head: kv_head_stride × nkv, token: kv_token_stride × block_size, page:
+     kv_page_stride × num_blocks) sorted by stride, each stride of a dimension
+     of extent > 1 is at least the byte span of the smaller ones (any nesting
+     order, e.g. [block_size, nkv, 128] or [nkv, block_size, 128] pages; gaps allowed). */
+  int64_t kv_token_stride;
+  int64_t kv_head_stride;
 } m3qkv_fused_args;
 
 /*
@@ -209,6 +257,12 @@ typedef struct m3qkv_insert_args {
   int32_t use_pdl;
   int32_t grid; /* 0 = auto */
   uint32_t* error_flags;
+  /* cache formats, as in m3qkv_fused_args */
+  int32_t kv_cache_dtype;
+  int32_t index_cache_dtype;
+  void* v_cache;
+  int64_t kv_token_stride;
+  int64_t kv_head_stride;
 } m3qkv_insert_args;
 
 /* Arguments of m3qkv_mxfp8_gemm: out = bf16_rn(acc), acc as in SPEC §3. */
@@ -245,7 +299,7 @@ typedef struct m3qkv_quantize_args {
 
 /* The fused op (SPEC §2-§4). Asynchronous on `stream`. */
 M3QKV_API m3qkv_status m3qkv_fused_qkv(const m3qkv_fused_args* args, cudaStream_t stream);
-/* RMSNorm + RoPE + q outputs + NVFP4 cache insert on a bf16 projection. */
+/* RMSNorm + RoPE + q outputs + cache insert (any cache format) on a bf16 projection. */
 M3QKV_API m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args, cudaStream_t stream);
 /* MXFP8 GEMM with bf16 output. */
 M3QKV_API m3qkv_status m3qkv_mxfp8_gemm(const m3qkv_gemm_args* args, cudaStream_t stream);

@@ -1,4 +1,4 @@
-// The epilogue of SPEC §3 (numerics), §4 (cache layouts) and §6 (device-side
+// The epilogue of SPEC §3 (numerics), §4 / §4b (cache layouts) and §6 (device-side
 // guards) as small device functions, written once for every GPU backend.
 //
 // Data model: a head row is 128 f32 values reached through a `float*`. The
@@ -15,12 +15,11 @@
 // under a host compiler (host side: the software encoders), so a CPU test
 // (g++, -ffp-contract=off) can run them against the golden model.
 //
-// Hardware conversions: by default every encoder is the software one of
-// numerics.h (bit-exact by construction, valid on sm_80). Building with
-// -DM3QKV_EPILOGUE_HW_CVT=1 switches to the ptx/cvt.cuh instructions where the
-// target has them (bf16x2: sm_80+, e4m3x2: sm_89+, e2m1x2: sm_100f) — do that
-// only once the GPU suite has proven them identical to the software encoders
-// on the whole input domain (tests/gpu/test_conversions.cu).
+// Hardware conversions: the ptx/cvt.cuh instructions where the target has them
+// and the GPU suite proved them identical to the software encoders of
+// numerics.h on the whole input domain (tests/gpu/test_conversions.cu):
+// bf16x2 (sm_80+) and e4m3x2 (sm_89+); the host (golden model, CPU tests) and
+// sm_80 use the software ones. e2m1x2 (sm_100f) stays software (below).
 #pragma once
 
 #include <stdint.h>
@@ -32,8 +31,18 @@
 #include "m3qkv/m3qkv.h"
 #include "ptx/cvt.cuh"
 
+// bf16x2 and e4m3x2: on by default. GpuConversions.{Bf16Rn,E4m3Satfinite}AllF32Patterns
+// compare both instructions with the software encoders over all 2^32 f32 bit
+// patterns (H200: 0 mismatches, every suite run since issue 4); the software
+// form cost the epilogue most of its instructions (~30 per e4m3 value; the
+// SM90 decode timeline showed its last arriver's epilogue as long as the
+// mainloop). e2m1x2 (sm_100f only) stays software until a Blackwell run proves
+// it: M3QKV_EPILOGUE_HW_E2M1=1.
 #ifndef M3QKV_EPILOGUE_HW_CVT
-#define M3QKV_EPILOGUE_HW_CVT 0
+#define M3QKV_EPILOGUE_HW_CVT 1
+#endif
+#ifndef M3QKV_EPILOGUE_HW_E2M1
+#define M3QKV_EPILOGUE_HW_E2M1 0
 #endif
 
 namespace m3qkv {
@@ -67,6 +76,12 @@ struct EpilogueParams {
   float k_sf;  // RN(1 / k_scale)
   float v_sf;  // RN(1 / v_scale)
   uint32_t* error_flags;
+  // Cache formats (SPEC §4b): kCacheNvfp4 / kCacheFp8 / kCacheBf16 of common/layouts.h.
+  int32_t kv_dtype;
+  int32_t ix_dtype;
+  uint8_t* v_cache;         // FP8 / BF16 KV: V elements (K in kv_cache)
+  int64_t kv_token_stride;  // FP8 / BF16 KV, bytes
+  int64_t kv_head_stride;
 };
 
 // Host side: m3qkv_fused_args and m3qkv_insert_args name these fields alike.
@@ -104,6 +119,11 @@ inline EpilogueParams make_epilogue_params(const Args& a) {
   p.k_sf = rcp_rn(a.k_scale);
   p.v_sf = rcp_rn(a.v_scale);
   p.error_flags = a.error_flags;
+  p.kv_dtype = a.kv_cache_dtype;
+  p.ix_dtype = a.index_cache_dtype;
+  p.v_cache = static_cast<uint8_t*>(a.v_cache);
+  p.kv_token_stride = a.kv_token_stride;
+  p.kv_head_stride = a.kv_head_stride;
   return p;
 }
 
@@ -128,7 +148,7 @@ M3_HD uint32_t pack_e4m3x2(float v0, float v1) {
 // Two NVFP4 codes (SPEC §3.5): e2m1(RZ(v·rc)), magnitude-0 codes as +0;
 // v0 in the low nibble.
 M3_HD uint32_t nvfp4_encode2(float v0, float v1, float rc) {
-#if M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_SATFINITE_E2M1X2_F32
+#if M3QKV_EPILOGUE_HW_E2M1 && M3QKV_HAS_CVT_RN_SATFINITE_E2M1X2_F32
   const uint32_t b = cvt_rn_satfinite_e2m1x2_f32(mul_rz(v0, rc), mul_rz(v1, rc));
   const uint32_t lo = (b & 7u) ? (b & 0xfu) : 0u;  // -0 -> +0
   const uint32_t hi = (b & 0x70u) ? (b & 0xf0u) : 0u;
@@ -290,6 +310,20 @@ M3_HD void nvfp4_store_head(const float* y, bool has_sf, float sf, bool v_swizzl
   if (!v_swizzle) *reinterpret_cast<uint2*>(slot_base + nvfp4_scale_offset_linear(t, 0, block_size)) = make_uint2(sw[0], sw[1]);
 }
 
+// ------------------------------------------------- FP8 / BF16 cache rows
+// One head row into a flat cache row at dst (SPEC §4b): FP8 = the q_fp8_out
+// rule e4m3_satfinite_rn(y · sf), BF16 = bf16_rn(y). index_k passes sf = 1:
+// the contract has no multiply there, and y · 1 = y exactly for every non-NaN
+// f32 (IEEE; ±0, ±inf and subnormals included) while any NaN encodes to 0x7F
+// either way, so one code path serves K, V and index_k. dst is 16-B aligned
+// (cache bases 16-B aligned, strides % 16, rows start at column 0).
+M3_HD void flat_store_head(const float* y, int32_t dtype, float sf, uint8_t* dst) {
+  if (dtype == kCacheFp8)
+    store_e4m3_head<true>(y, sf, dst);
+  else
+    store_bf16_head(y, reinterpret_cast<uint16_t*>(dst));
+}
+
 // ------------------------------------------------------ one (row, head)
 // RMSNorm + RoPE of a q / k / index_q / index_k row, position guarded.
 M3_HD void norm_rope_head(const EpilogueParams& p, int64_t m, const uint16_t* w, float* x) {
@@ -304,6 +338,11 @@ M3_HD void norm_rope_head(const EpilogueParams& p, int64_t m, const uint16_t* w,
 // guards of SPEC §6.
 M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float* x) {
   const HeadInfo h = head_info(head, p.nq, p.nkv, p.niq);
+  // FP8 / BF16 cache row of a k / v / index_k head: one store site after the
+  // switch (one copy of each encoder in the kernel, not one per head kind).
+  uint8_t* flat_dst = nullptr;
+  int32_t flat_dtype = kCacheNvfp4;
+  float flat_sf = 1.0f;
   switch (h.kind) {
     case HeadKind::Q: {
       norm_rope_head(p, m, p.q_norm_weight, x);
@@ -325,9 +364,17 @@ M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float
         break;
       const bool is_k = h.kind == HeadKind::K;
       if (is_k) norm_rope_head(p, m, p.k_norm_weight, x);
-      uint8_t* slot = p.kv_cache + nvfp4_slot_base(sa.page, 2 * h.index + (is_k ? 0 : 1), p.kv_page_stride,
-                                                   p.block_size);
-      nvfp4_store_head(x, true, is_k ? p.k_sf : p.v_sf, !is_k, slot, sa.token, p.block_size);
+      if (p.kv_dtype == kCacheNvfp4) {
+        uint8_t* slot = p.kv_cache + nvfp4_slot_base(sa.page, 2 * h.index + (is_k ? 0 : 1), p.kv_page_stride,
+                                                     p.block_size);
+        nvfp4_store_head(x, true, is_k ? p.k_sf : p.v_sf, !is_k, slot, sa.token, p.block_size);
+      } else {
+        flat_dst = (is_k ? p.kv_cache : p.v_cache) + kv_flat_offset(sa.page, sa.token, h.index, 0, p.kv_page_stride,
+                                                                    p.kv_token_stride, p.kv_head_stride,
+                                                                    flat_elem_bytes(p.kv_dtype));
+        flat_dtype = p.kv_dtype;
+        flat_sf = is_k ? p.k_sf : p.v_sf;
+      }
       break;
     }
     case HeadKind::IndexK: {
@@ -336,11 +383,19 @@ M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float
                         M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &sa))
         break;
       norm_rope_head(p, m, p.index_k_norm_weight, x);
-      uint8_t* slot = p.index_cache + nvfp4_slot_base(sa.page, 0, p.index_page_stride, p.block_size);
-      nvfp4_store_head(x, false, 1.0f, false, slot, sa.token, p.block_size);
+      if (p.ix_dtype == kCacheNvfp4) {
+        uint8_t* slot = p.index_cache + nvfp4_slot_base(sa.page, 0, p.index_page_stride, p.block_size);
+        nvfp4_store_head(x, false, 1.0f, false, slot, sa.token, p.block_size);
+      } else {
+        flat_dst = p.index_cache +
+                   index_flat_offset(sa.page, sa.token, 0, p.index_page_stride, flat_elem_bytes(p.ix_dtype));
+        flat_dtype = p.ix_dtype;
+        flat_sf = 1.0f;  // unit scale (see flat_store_head)
+      }
       break;
     }
   }
+  if (flat_dst != nullptr) flat_store_head(x, flat_dtype, flat_sf, flat_dst);
 }
 
 }  // namespace epi

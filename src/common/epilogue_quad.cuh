@@ -14,6 +14,9 @@
 //  * NVFP4 group g = columns 16g..16g+15 = j in {2g, 2g+1} of the four quad
 //    lanes: amax by quad max-reduction (max ignoring NaN, from +0, does not
 //    depend on the order), then the same group-scale and encoder primitives.
+//  * FP8 / BF16 caches (SPEC §4b) are element-wise: each lane encodes its own
+//    columns with the same pack_* primitives and stores them where
+//    common/layouts.h puts them (2 bytes per j for fp8, 4 for bf16).
 //  * Side effects (flags, stores) happen under the same conditions as in
 //    epi::epilogue_head_row; rows that are not `valid` compute but store
 //    nothing (the shuffles need every lane of the warp).
@@ -69,17 +72,31 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
   const int64_t pos_raw = valid && h.norm ? e.positions[row] : 0;
   bool to_cache = false;
   SlotAddr sa = {0, 0};
+  // NVFP4: the slot base. FP8 / BF16: this lane's first element (column c0).
   uint8_t* slot_base = nullptr;
+  // Format of this head's cache (k, v: kv_dtype; index_k: ix_dtype). Uniform
+  // over the warp wherever the warp's quads share a head (every caller).
+  const int32_t cache_dtype = kind == HeadKind::IndexK ? e.ix_dtype : e.kv_dtype;
   // Cache destination (k, v, index_k): resolved first, as epilogue_head_row does.
   if (valid && kv) {
     to_cache = resolve_slot(slot_raw, e.num_blocks, e.block_size, e.error_flags, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &sa);
-    if (to_cache)
-      slot_base = e.kv_cache + nvfp4_slot_base(sa.page, 2 * h.hi.index + (kind == HeadKind::K ? 0 : 1),
-                                               e.kv_page_stride, e.block_size);
+    if (to_cache) {
+      if (cache_dtype == kCacheNvfp4)
+        slot_base = e.kv_cache + nvfp4_slot_base(sa.page, 2 * h.hi.index + (kind == HeadKind::K ? 0 : 1),
+                                                 e.kv_page_stride, e.block_size);
+      else
+        slot_base = (kind == HeadKind::K ? e.kv_cache : e.v_cache) +
+                    kv_flat_offset(sa.page, sa.token, h.hi.index, c0, e.kv_page_stride, e.kv_token_stride,
+                                   e.kv_head_stride, flat_elem_bytes(cache_dtype));
+    }
   } else if (valid && kind == HeadKind::IndexK) {
     to_cache = resolve_slot(slot_raw, e.num_index_blocks, e.block_size, e.error_flags,
                             M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &sa);
-    if (to_cache) slot_base = e.index_cache + nvfp4_slot_base(sa.page, 0, e.index_page_stride, e.block_size);
+    if (to_cache)
+      slot_base = cache_dtype == kCacheNvfp4
+                      ? e.index_cache + nvfp4_slot_base(sa.page, 0, e.index_page_stride, e.block_size)
+                      : e.index_cache + index_flat_offset(sa.page, sa.token, c0, e.index_page_stride,
+                                                          flat_elem_bytes(cache_dtype));
   }
   // Position guard only where epilogue_head_row reads the position.
   const bool reads_pos = h.norm && valid && (kind == HeadKind::Q || kind == HeadKind::IndexQ || to_cache);
@@ -135,6 +152,22 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
       for (int j = 0; j < kHeadDim / 8; ++j)
         *reinterpret_cast<uint16_t*>(e.index_q_out + off + 8 * j) =
             static_cast<uint16_t>(pack_e4m3x2(y[2 * j], y[2 * j + 1]));
+    }
+  } else if (cache_dtype != kCacheNvfp4) {
+    // FP8 / BF16 row: element 8j + c0 (+1) at slot_base + 8j·e.
+    if (to_cache) {
+      // index_k: unit scale as a multiply by 1, identical bytes (epi::flat_store_head says why).
+      const float sf = kind == HeadKind::K ? e.k_sf : kind == HeadKind::V ? e.v_sf : 1.0f;
+      if (cache_dtype == kCacheFp8) {
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j)
+          *reinterpret_cast<uint16_t*>(slot_base + 8 * j) =
+              static_cast<uint16_t>(pack_e4m3x2(mul_rn(y[2 * j], sf), mul_rn(y[2 * j + 1], sf)));
+      } else {
+#pragma unroll
+        for (int j = 0; j < kHeadDim / 8; ++j)
+          *reinterpret_cast<uint32_t*>(slot_base + 16 * j) = pack_bf16x2(y[2 * j], y[2 * j + 1]);
+      }
     }
   } else {
     const bool has_sf = kind != HeadKind::IndexK;

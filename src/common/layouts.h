@@ -1,6 +1,6 @@
-// The layouts of SPEC §4, written once: the F8_128x4 scale-factor swizzle and
-// the NVFP4 paged-cache addressing. Used by every kernel, the golden model and
-// the tests (host + device).
+// The layouts of SPEC §4 / §4b, written once: the F8_128x4 scale-factor
+// swizzle, the NVFP4 paged-cache addressing and the FP8 / BF16 ("flat") cache
+// addressing. Used by every kernel, the golden model and the tests (host + device).
 #pragma once
 
 #include <stdint.h>
@@ -50,6 +50,30 @@ M3_HD int64_t nvfp4_scale_offset_linear(int t, int g, int block_size) {
 M3_HD int64_t nvfp4_scale_offset_v(int t, int g, int block_size) {
   return static_cast<int64_t>(block_size) * kNvfp4DataBytes +
          ((static_cast<int64_t>(t / 4) * 4 + g / 2) * 8 + (g % 2) * 4 + t % 4);
+}
+
+// ------------------------------------------------- FP8 / BF16 caches (§4b)
+// Cache formats (m3qkv_cache_dtype of the public header).
+constexpr int32_t kCacheNvfp4 = 0;
+constexpr int32_t kCacheFp8 = 1;
+constexpr int32_t kCacheBf16 = 2;
+// Bytes per element of a flat (FP8 / BF16) cache.
+M3_HD int flat_elem_bytes(int32_t dtype) { return dtype == kCacheBf16 ? 2 : 1; }
+// Byte offset of K (or V) element (page, token, kv head, col) from kv_cache
+// (or v_cache): p·page_stride + t·token_stride + h·head_stride + c·e.
+M3_HD int64_t kv_flat_offset(int64_t page, int token, int head, int col, int64_t page_stride, int64_t token_stride,
+                             int64_t head_stride, int elem_bytes) {
+  return page * page_stride + static_cast<int64_t>(token) * token_stride + static_cast<int64_t>(head) * head_stride +
+         static_cast<int64_t>(col) * elem_bytes;
+}
+// Byte offset of index_k element (page, token, col) from index_cache: tokens
+// of a page are packed rows of 128 elements.
+M3_HD int64_t index_flat_offset(int64_t page, int token, int col, int64_t page_stride, int elem_bytes) {
+  return page * page_stride + (static_cast<int64_t>(token) * kHeadDim + col) * elem_bytes;
+}
+// Bytes of one flat index page (block_size tokens of 128 elements).
+M3_HD int64_t index_flat_page_bytes(int block_size, int elem_bytes) {
+  return static_cast<int64_t>(block_size) * kHeadDim * elem_bytes;
 }
 
 // Head layout of the projection: [q × nq | k × nkv | v × nkv | index_q × niq | index_k × nik].

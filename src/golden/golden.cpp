@@ -58,6 +58,9 @@ struct Epi {
   uint8_t* q_fp8_out;
   uint8_t* index_q_out;
   float q_fp8_scale, k_scale, v_scale;
+  int32_t kv_dtype, index_dtype;  // m3qkv_cache_dtype
+  uint8_t* v_cache;               // FP8 / BF16 KV only
+  int64_t kv_token_stride, kv_head_stride;
 };
 
 template <class A>
@@ -91,19 +94,66 @@ Epi make_epi(const A& a) {
   e.q_fp8_scale = a.q_fp8_scale;
   e.k_scale = a.k_scale;
   e.v_scale = a.v_scale;
+  e.kv_dtype = a.kv_cache_dtype;
+  e.index_dtype = a.index_cache_dtype;
+  e.v_cache = static_cast<uint8_t*>(a.v_cache);
+  e.kv_token_stride = a.kv_token_stride;
+  e.kv_head_stride = a.kv_head_stride;
   return e;
 }
 
-// Writes one quantized head row into slot `slot_in_page` of the token's page.
-void store_nvfp4(uint8_t* cache, int64_t page_stride, int block_size, int slot_in_page, int64_t slot, bool v_swizzle,
-                 const uint8_t data[64], const uint8_t scales[8]) {
-  const int64_t page = slot / block_size;
-  const int t = int(slot % block_size);
-  uint8_t* base = cache + nvfp4_slot_base(page, slot_in_page, page_stride, block_size);
-  for (int c = 0; c < kHeadDim; c += 2) base[nvfp4_data_offset(t, c)] = data[c / 2];
-  for (int g = 0; g < kHeadDim / kNvfp4Group; ++g)
-    base[v_swizzle ? nvfp4_scale_offset_v(t, g, block_size) : nvfp4_scale_offset_linear(t, g, block_size)] =
-        scales[g];
+// One FP8 / BF16 row (128 elements) at dst, element c at dst + c·e; values
+// as fp8_head / bf16_head. Bytes little-endian, as the GPU stores them.
+void store_flat(uint8_t* dst, int32_t dtype, const float v[128], bool has_sf, float sf) {
+  if (dtype == kCacheFp8) {
+    fp8_head(v, has_sf, sf, dst);
+    return;
+  }
+  uint16_t h[kHeadDim];
+  bf16_head(v, h);
+  for (int c = 0; c < kHeadDim; ++c) {
+    dst[2 * c] = static_cast<uint8_t>(h[c] & 0xffu);
+    dst[2 * c + 1] = static_cast<uint8_t>(h[c] >> 8);
+  }
+}
+
+// K (is_k) or V row of KV head `head` for cache slot `slot`, in the format of e.kv_dtype.
+void store_kv(const Epi& e, bool is_k, int head, int64_t slot, const float v[128], float sf) {
+  if (e.kv_dtype == kCacheNvfp4) {
+    uint8_t data[64], scales[8];
+    nvfp4_quant_head(v, true, sf, data, scales);
+    const int64_t page = slot / e.block_size;
+    const int t = int(slot % e.block_size);
+    uint8_t* base = e.kv_cache + nvfp4_slot_base(page, 2 * head + (is_k ? 0 : 1), e.kv_page_stride, e.block_size);
+    for (int c = 0; c < kHeadDim; c += 2) base[nvfp4_data_offset(t, c)] = data[c / 2];
+    for (int g = 0; g < kHeadDim / kNvfp4Group; ++g)
+      base[is_k ? nvfp4_scale_offset_linear(t, g, e.block_size) : nvfp4_scale_offset_v(t, g, e.block_size)] =
+          scales[g];
+    return;
+  }
+  const int64_t page = slot / e.block_size;
+  const int t = int(slot % e.block_size);
+  uint8_t* dst = (is_k ? e.kv_cache : e.v_cache) +
+                 kv_flat_offset(page, t, head, 0, e.kv_page_stride, e.kv_token_stride, e.kv_head_stride,
+                                flat_elem_bytes(e.kv_dtype));
+  store_flat(dst, e.kv_dtype, v, true, sf);
+}
+
+// index_k row for index slot `slot`, in the format of e.index_dtype.
+void store_index(const Epi& e, int64_t slot, const float y[128]) {
+  const int64_t page = slot / e.block_size;
+  const int t = int(slot % e.block_size);
+  if (e.index_dtype == kCacheNvfp4) {
+    uint8_t data[64], scales[8];
+    nvfp4_quant_head(y, false, 1.0f, data, scales);
+    uint8_t* base = e.index_cache + nvfp4_slot_base(page, 0, e.index_page_stride, e.block_size);
+    for (int c = 0; c < kHeadDim; c += 2) base[nvfp4_data_offset(t, c)] = data[c / 2];
+    for (int g = 0; g < kHeadDim / kNvfp4Group; ++g) base[nvfp4_scale_offset_linear(t, g, e.block_size)] = scales[g];
+    return;
+  }
+  uint8_t* dst =
+      e.index_cache + index_flat_offset(page, t, 0, e.index_page_stride, flat_elem_bytes(e.index_dtype));
+  store_flat(dst, e.index_dtype, y, false, 1.0f);
 }
 
 // Epilogue over token rows [r0, r1). `row(r)` returns the f32 row of N values.
@@ -117,7 +167,6 @@ void epilogue_rows(const Epi& e, RowFn&& row, int64_t r0, int64_t r1, uint32_t* 
   const int64_t ix_cap = e.num_index_blocks * e.block_size;
   uint32_t fl = 0;
   float x[kHeadDim], y[kHeadDim];
-  uint8_t data[64], scales[8];
   for (int64_t r = r0; r < r1; ++r) {
     const float* acc = row(r);
     int64_t pos = e.positions[r];
@@ -150,13 +199,11 @@ void epilogue_rows(const Epi& e, RowFn&& row, int64_t r0, int64_t r1, uint32_t* 
         case HeadKind::K:
           if (!kv_write) break;
           head_rms_rope(x, e.k_w, e.eps, cs, y);
-          nvfp4_quant_head(y, true, ksf, data, scales);
-          store_nvfp4(e.kv_cache, e.kv_page_stride, e.block_size, 2 * hi.index, slot, false, data, scales);
+          store_kv(e, true, hi.index, slot, y, ksf);
           break;
         case HeadKind::V:
           if (!kv_write) break;
-          nvfp4_quant_head(x, true, vsf, data, scales);
-          store_nvfp4(e.kv_cache, e.kv_page_stride, e.block_size, 2 * hi.index + 1, slot, true, data, scales);
+          store_kv(e, false, hi.index, slot, x, vsf);
           break;
         case HeadKind::IndexQ: {
           head_rms_rope(x, e.iq_w, e.eps, cs, y);
@@ -167,8 +214,7 @@ void epilogue_rows(const Epi& e, RowFn&& row, int64_t r0, int64_t r1, uint32_t* 
         case HeadKind::IndexK:
           if (!ix_write) break;
           head_rms_rope(x, e.ik_w, e.eps, cs, y);
-          nvfp4_quant_head(y, false, 1.0f, data, scales);
-          store_nvfp4(e.index_cache, e.index_page_stride, e.block_size, 0, islot, false, data, scales);
+          store_index(e, islot, y);
           break;
       }
     }
@@ -350,6 +396,14 @@ void nvfp4_quant_head(const float y[128], bool has_sf, float sf, uint8_t data[64
   }
 }
 
+void fp8_head(const float v[128], bool has_sf, float sf, uint8_t out[128]) {
+  for (int c = 0; c < kHeadDim; ++c) out[c] = f32_to_e4m3_satfinite_rn_soft(has_sf ? mul_rn(v[c], sf) : v[c]);
+}
+
+void bf16_head(const float v[128], uint16_t out[128]) {
+  for (int c = 0; c < kHeadDim; ++c) out[c] = f32_to_bf16_rn_soft(v[c]);
+}
+
 int64_t clamp_position(int64_t pos, int64_t max_position) {
   return pos < 0 ? 0 : (pos >= max_position ? max_position - 1 : pos);
 }
@@ -407,6 +461,28 @@ void decode_nvfp4_token(const uint8_t* cache, int64_t page_stride, int block_siz
     const float v = mul_rn(e2m1_to_f32(codes[c]), e4m3_to_f32(scales[c / kNvfp4Group]));  // exact
     out[c] = v / sf;
   }
+}
+
+namespace {
+void decode_flat_row(const uint8_t* row, int32_t dtype, float out[128]) {
+  for (int c = 0; c < kHeadDim; ++c)
+    out[c] = dtype == kCacheFp8 ? e4m3_to_f32(row[c])
+                                : bf16_to_f32(static_cast<uint16_t>(row[2 * c] | (row[2 * c + 1] << 8)));
+}
+}  // namespace
+
+void decode_flat_kv_token(const uint8_t* base, int32_t dtype, int64_t page_stride, int64_t token_stride,
+                          int64_t head_stride, int block_size, int head, int64_t slot, float out[128]) {
+  decode_flat_row(base + kv_flat_offset(slot / block_size, int(slot % block_size), head, 0, page_stride, token_stride,
+                                        head_stride, flat_elem_bytes(dtype)),
+                  dtype, out);
+}
+
+void decode_flat_index_token(const uint8_t* base, int32_t dtype, int64_t page_stride, int block_size, int64_t slot,
+                             float out[128]) {
+  decode_flat_row(
+      base + index_flat_offset(slot / block_size, int(slot % block_size), 0, page_stride, flat_elem_bytes(dtype)),
+      dtype, out);
 }
 
 void decode_e4m3(const uint8_t* in, int64_t n, float* out) {

@@ -42,9 +42,10 @@ std::vector<double> mxfp8_decode(const uint8_t* q, const uint8_t* sf, int64_t ro
 // ------------------------------------------------------------- epilogue
 // The complete epilogue of SPEC §3 on an f32 accumulator acc [m, N]
 // (row-major, N = (nq + 2nkv + niq + nik)·128), with the layouts of §4 and the
-// guards of §6, writing q_out / q_fp8_out / index_q_out / kv_cache /
-// index_cache at the host pointers of `a` (the GEMM operand fields and
-// a.error_flags are not used). Guards: slot < 0 -> skipped silently;
+// guards of §6, writing q_out / q_fp8_out / index_q_out / kv_cache / v_cache /
+// index_cache at the host pointers of `a` in the formats a.kv_cache_dtype /
+// a.index_cache_dtype select (the GEMM operand fields and a.error_flags are
+// not used). Guards: slot < 0 -> skipped silently;
 // slot >= num_blocks·block_size -> not written, *flags |= M3QKV_FLAG_SLOT_OUT_OF_RANGE
 // (index: M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE); position outside
 // [0, max_position) -> clamped into it for the cos/sin read,
@@ -65,6 +66,11 @@ void gemm_bf16(const m3qkv_gemm_args& a);
 void head_rms(const float x[128], const uint16_t w_bf16[128], float eps, float y[128]);
 void head_rope(float y[128], const uint16_t* cs_row);
 void head_rms_rope(const float x[128], const uint16_t w_bf16[128], float eps, const uint16_t* cs_row, float y[128]);
+// FP8 / BF16 cache rows (SPEC §4b): out[c] = e4m3_satfinite_rn(v[c] · sf)
+// (has_sf; K with RN(1/k_scale), V with RN(1/v_scale)) or e4m3_satfinite_rn(v[c])
+// with no multiply at all (index_k, unit scale); bf16_rn(v[c]).
+void fp8_head(const float v[128], bool has_sf, float sf, uint8_t out[128]);
+void bf16_head(const float v[128], uint16_t out[128]);
 // NVFP4 quantization of one head row (SPEC §3.5): data[64] (element 2i in the
 // low nibble of byte i) and scales[8] (group order g = 0..7, before any cache
 // swizzle). has_sf = false for index_k; sf = RN(1/k_scale) or RN(1/v_scale).
@@ -85,6 +91,14 @@ void decode_nvfp4_token(const uint8_t* cache, int64_t page_stride, int block_siz
 // Raw fields of one token: the 128 codes (4-bit) and 8 scale bytes.
 void read_nvfp4_token(const uint8_t* cache, int64_t page_stride, int block_size, int slot_in_page, int64_t slot,
                       bool v_swizzle, uint8_t codes[128], uint8_t scales[8]);
+// One token of a flat (FP8 / BF16) cache: the 128 elements of K or V of KV
+// head `head` (base = kv_cache or v_cache; strides in bytes), or of index_k
+// (head_stride and token_stride ignored: packed rows), decoded exactly
+// (e4m3 or bf16 -> f32; no division by the scale).
+void decode_flat_kv_token(const uint8_t* base, int32_t dtype, int64_t page_stride, int64_t token_stride,
+                          int64_t head_stride, int block_size, int head, int64_t slot, float out[128]);
+void decode_flat_index_token(const uint8_t* base, int32_t dtype, int64_t page_stride, int block_size, int64_t slot,
+                             float out[128]);
 // e4m3 bytes -> f32 (exact), n values.
 void decode_e4m3(const uint8_t* in, int64_t n, float* out);
 

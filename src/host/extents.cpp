@@ -14,7 +14,7 @@ class Builder {
  public:
   Builder(const char* fn, Extents* out) : fn_(fn), out_(out) { out_->count = 0; }
 
-  void pieces(const char* name, const void* p, u64 span, u64 period, u64 count, bool written) {
+  void pieces(const char* name, const void* p, u64 span, u64 period, u64 count, bool written, int group = 0) {
     if (st_ != M3QKV_SUCCESS || p == nullptr || span == 0 || count == 0) return;
     const u64 lo = reinterpret_cast<uintptr_t>(p);
     u64 last = 0, hi = 0;
@@ -30,10 +30,10 @@ class Builder {
       st_ = fail(M3QKV_ERROR_INTERNAL, "%s: more than %d buffers", fn_, kMaxExtents);
       return;
     }
-    out_->items[out_->count++] = Extent{name, lo, span, period, count, written};
+    out_->items[out_->count++] = Extent{name, lo, span, period, count, written, group};
   }
-  void buffer(const char* name, const void* p, int64_t bytes, bool written) {
-    pieces(name, p, static_cast<u64>(bytes), static_cast<u64>(bytes), 1, written);
+  void buffer(const char* name, const void* p, int64_t bytes, bool written, int group = 0) {
+    pieces(name, p, static_cast<u64>(bytes), static_cast<u64>(bytes), 1, written, group);
   }
   m3qkv_status status() const { return st_; }
 
@@ -54,10 +54,19 @@ void epilogue(Builder& b, const A& a) {
   b.buffer("q_norm_weight", a.q_norm_weight, kHeadDim * 2, kIn);
   b.buffer("k_norm_weight", a.k_norm_weight, kHeadDim * 2, kIn);
   b.buffer("slot_mapping", a.slot_mapping, m * 8, kIn);
-  // The kernels write only pages of slots < num_blocks·block_size, each page's
-  // packed part; the page padding is never touched.
-  b.pieces("kv_cache", a.kv_cache, static_cast<u64>(kv_page_min_bytes(a.nkv, a.block_size)),
-           static_cast<u64>(a.kv_page_stride), static_cast<u64>(a.num_blocks), kOut);
+  if (a.kv_cache_dtype == kCacheNvfp4) {
+    // The kernels write only pages of slots < num_blocks·block_size, each
+    // page's packed part; the page padding is never touched.
+    b.pieces("kv_cache", a.kv_cache, static_cast<u64>(kv_page_min_bytes(a.nkv, a.block_size)),
+             static_cast<u64>(a.kv_page_stride), static_cast<u64>(a.num_blocks), kOut);
+  } else {
+    // FP8 / BF16: the hull of the K (V) elements: one 128-element row plus
+    // (extent - 1)·stride per dimension (validation bounded it).
+    const int64_t hull = kHeadDim * flat_elem_bytes(a.kv_cache_dtype) + (a.nkv - 1) * a.kv_head_stride +
+                         (int64_t{a.block_size} - 1) * a.kv_token_stride + (a.num_blocks - 1) * a.kv_page_stride;
+    b.buffer("kv_cache", a.kv_cache, hull, kOut, kGroupFlatKv);
+    b.buffer("v_cache", a.v_cache, hull, kOut, kGroupFlatKv);
+  }
   b.buffer("q_out", a.q_out, m * a.nq * kHeadDim * 2, kOut);
   b.buffer("q_fp8_out", a.q_fp8_out, m * a.nq * kHeadDim, kOut);
   if (a.niq > 0) {
@@ -67,8 +76,11 @@ void epilogue(Builder& b, const A& a) {
   if (a.nik > 0) {
     b.buffer("index_k_norm_weight", a.index_k_norm_weight, kHeadDim * 2, kIn);
     b.buffer("index_slot_mapping", a.index_slot_mapping, m * 8, kIn);
-    b.pieces("index_cache", a.index_cache, static_cast<u64>(nvfp4_slot_bytes(a.block_size)),
-             static_cast<u64>(a.index_page_stride), static_cast<u64>(a.num_index_blocks), kOut);
+    const int64_t page = a.index_cache_dtype == kCacheNvfp4
+                             ? nvfp4_slot_bytes(a.block_size)
+                             : index_flat_page_bytes(a.block_size, flat_elem_bytes(a.index_cache_dtype));
+    b.pieces("index_cache", a.index_cache, static_cast<u64>(page), static_cast<u64>(a.index_page_stride),
+             static_cast<u64>(a.num_index_blocks), kOut);
   }
   b.buffer("error_flags", a.error_flags, 4, kOut);
 }
@@ -130,7 +142,9 @@ m3qkv_status check_overlaps(const char* fn, Extents* e) {
   }
   for (int i = 0; i < n; ++i) {
     for (int j = i + 1; j < n && v[j].lo < v[i].hi(); ++j) {
-      if (!(v[i].written || v[j].written) || !extents_overlap(v[i], v[j])) continue;
+      if (!(v[i].written || v[j].written) || (v[i].group != 0 && v[i].group == v[j].group) ||
+          !extents_overlap(v[i], v[j]))
+        continue;
       const Extent& w = v[i].written ? v[i] : v[j];
       const Extent& o = v[i].written ? v[j] : v[i];
       return fail(M3QKV_ERROR_INVALID_ARGUMENT,

@@ -9,7 +9,12 @@
 // interleave page by page (one allocation holding K pages and V pages, the
 // index cache in the padding of KV pages) are disjoint exactly when their
 // pieces are. A layout that interleaves at a finer grain (per token or per
-// head) is described with that grain's period and span.
+// head) is described with that grain's period and span, or, when validation
+// proves two buffers disjoint with a rule of their own, with one `group`:
+// the K and V elements of an FP8 / BF16 KV cache (check_kv_pair_disjoint,
+// exact for every nesting of page, token and head) may interleave at any
+// grain inside one allocation, so their extents are the hulls of the elements
+// and the pair is left to that rule.
 #pragma once
 
 #include <cstdint>
@@ -25,10 +30,14 @@ struct Extent {
   uint64_t period = 0;  // bytes from one piece to the next (>= span)
   uint64_t count = 0;   // pieces
   bool written = false;
+  int group = 0;  // nonzero: disjoint from the other extents of its group by a layout rule (not compared)
   uint64_t hi() const { return lo + (count - 1) * period + span; }  // one past the last byte
 };
 
-// Room for the largest call (the fused op: 17 buffers).
+// Room for the largest call (the fused op: 18 buffers).
+
+// The group of the K and V elements of an FP8 / BF16 KV cache.
+constexpr int kGroupFlatKv = 1;
 constexpr int kMaxExtents = 20;
 
 struct Extents {
@@ -49,7 +58,7 @@ m3qkv_status quantize_extents(const char* fn, const m3qkv_quantize_args& a, Exte
 bool extents_overlap(const Extent& a, const Extent& b);
 
 // M3QKV_ERROR_INVALID_ARGUMENT naming both buffers when a written extent
-// shares a byte with any other. Sorts `e` by start (O(n log n) plus the
+// shares a byte with any other (pairs of one nonzero group excepted). Sorts `e` by start (O(n log n) plus the
 // pairs whose hulls meet; no allocation).
 m3qkv_status check_overlaps(const char* fn, Extents* e);
 

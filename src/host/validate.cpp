@@ -31,6 +31,7 @@
 #include <cstdio>
 #include <cstring>
 #include <initializer_list>
+#include <utility>
 
 #include "common/numerics.h"
 #include "host/extents.h"
@@ -286,6 +287,9 @@ struct Epilogue {
   float q_fp8_scale, k_scale, v_scale;
   int32_t use_pdl, grid;
   const uint32_t* error_flags;
+  int32_t kv_cache_dtype, index_cache_dtype;
+  const void* v_cache;
+  int64_t kv_token_stride, kv_head_stride;
 };
 
 template <class A>
@@ -320,7 +324,12 @@ Epilogue epilogue_view(const A& a) {
                   a.v_scale,
                   a.use_pdl,
                   a.grid,
-                  a.error_flags};
+                  a.error_flags,
+                  a.kv_cache_dtype,
+                  a.index_cache_dtype,
+                  a.v_cache,
+                  a.kv_token_stride,
+                  a.kv_head_stride};
 }
 
 // Head counts (SPEC §2); *n_out = N = (nq + 2·nkv + niq + nik)·128.
@@ -365,6 +374,177 @@ m3qkv_status check_cache(Ctx c, const char* stride_name, int64_t stride, const c
   return product(c, what, {pages, stride}, &bytes);
 }
 
+// ---------------------------------------------------------------------------
+// Cache formats (issue 13, SPEC §4b): kv_cache_dtype / index_cache_dtype,
+// v_cache, kv_token_stride, kv_head_stride. Kept in one block, called from the
+// epilogue checks below at the step each rule belongs to.
+//
+// Rules (FP8 / BF16 = the "flat" formats, e = 1 or 2 bytes per element):
+//  - dtypes in {0 NVFP4, 1 FP8, 2 BF16}            INVALID_ARGUMENT
+//    (index_cache_dtype only when nik > 0, like every index_* field)
+//  - NVFP4 KV: kv_token_stride = kv_head_stride = 0 INVALID_ARGUMENT, and
+//    v_cache = NULL (V lives in kv_cache; a non-null v_cache with NVFP4 is
+//    a caller who forgot kv_cache_dtype)          INVALID_ARGUMENT
+//  - flat KV: kv_page_stride, kv_token_stride, kv_head_stride > 0 and % 16
+//                                                  INVALID_SHAPE
+//    and no two K elements meet: the dimensions (column: e × 128, head:
+//    kv_head_stride × nkv, token: kv_token_stride × block_size, page:
+//    kv_page_stride × num_blocks), those of extent 1 dropped, sorted by
+//    stride, each stride at least the byte span of the smaller dimensions
+//    (a sufficient rule that accepts every nesting order, padding and gaps,
+//    e.g. [block_size][nkv][128] and [nkv][block_size][128] pages, and an
+//    interleaved [num_blocks][2][page] allocation)  INVALID_SHAPE; the K
+//    span fits int64                               TOO_LARGE
+//  - flat KV: v_cache required                     NULL_POINTER
+//             v_cache 16-B aligned                 MISALIGNED
+//             no V element meets a K element (exact for the nested layouts
+//             above; what lets one allocation hold K and V interleaved)
+//                                                  INVALID_ARGUMENT
+//  - flat index: index_page_stride % 16 and >= block_size·128·e
+//                                                  INVALID_SHAPE
+//  - k_scale / v_scale are checked unless the KV cache is BF16 (unused there).
+// ---------------------------------------------------------------------------
+constexpr int64_t kFlatStrideMultiple = 16;  // 16-B vector stores of a cache row
+
+const char* dtype_name(int32_t d) { return d == M3QKV_CACHE_FP8 ? "FP8" : d == M3QKV_CACHE_BF16 ? "BF16" : "NVFP4"; }
+int64_t flat_elem(int32_t d) { return d == M3QKV_CACHE_BF16 ? 2 : 1; }
+bool kv_is_flat(const Epilogue& e) { return e.kv_cache_dtype != M3QKV_CACHE_NVFP4; }
+bool index_is_flat(const Epilogue& e) { return e.nik > 0 && e.index_cache_dtype != M3QKV_CACHE_NVFP4; }
+
+m3qkv_status check_cache_dtypes(Ctx c, const Epilogue& e) {
+  M3QKV_TRY(in_range(c, "kv_cache_dtype", e.kv_cache_dtype, 0, 2, "0 (NVFP4), 1 (FP8) or 2 (BF16)"));
+  if (e.nik > 0)
+    M3QKV_TRY(in_range(c, "index_cache_dtype", e.index_cache_dtype, 0, 2, "0 (NVFP4), 1 (FP8) or 2 (BF16)"));
+  return M3QKV_SUCCESS;
+}
+
+// One dimension of the K element pattern of a flat KV cache.
+struct FlatDim {
+  const char* what;  // the stride's field name
+  int64_t stride, extent;
+};
+
+// The K dimensions with extent > 1, sorted by stride (column first: its
+// "stride" is the element, and its span is the contiguous 128·e row).
+int flat_kv_dims(const Epilogue& e, FlatDim (&d)[3]) {
+  const FlatDim all[3] = {{"kv_head_stride", e.kv_head_stride, e.nkv},
+                          {"kv_token_stride", e.kv_token_stride, e.block_size},
+                          {"kv_page_stride", e.kv_page_stride, e.num_blocks}};
+  int n = 0;
+  for (const FlatDim& x : all)
+    if (x.extent > 1) d[n++] = x;
+  for (int i = 1; i < n; ++i)  // insertion sort, stable: ties keep head, token, page order
+    for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; --j) std::swap(d[j], d[j - 1]);
+  return n;
+}
+
+m3qkv_status check_flat_kv_scalars(Ctx c, const Epilogue& e) {
+  for (const FlatDim& x : {FlatDim{"kv_page_stride", e.kv_page_stride, 0}, FlatDim{"kv_token_stride", e.kv_token_stride, 0},
+                           FlatDim{"kv_head_stride", e.kv_head_stride, 0}}) {
+    M3QKV_TRY(positive(c, x.what, x.stride));
+    M3QKV_TRY(multiple_of(c, x.what, x.stride, kFlatStrideMultiple));
+  }
+  M3QKV_TRY(at_least(c, "num_blocks", e.num_blocks, 1));
+  const int64_t el = flat_elem(e.kv_cache_dtype);
+  FlatDim d[3];
+  const int n = flat_kv_dims(e, d);
+  int64_t span = kHeadDim * el;  // one contiguous row of 128 elements
+  for (int i = 0; i < n; ++i) {
+    if (d[i].stride < span) {
+      return fail(M3QKV_ERROR_INVALID_SHAPE,
+                  "%s: %s = %lld is smaller than the %lld bytes the smaller dimensions of a %s K/V row span "
+                  "(nkv = %d, block_size = %d, num_blocks = %lld, 128 elements of %lld B; strides: head %lld, "
+                  "token %lld, page %lld): two cache elements would share bytes",
+                  c.fn, d[i].what, static_cast<ll>(d[i].stride), static_cast<ll>(span), dtype_name(e.kv_cache_dtype),
+                  e.nkv, e.block_size, static_cast<ll>(e.num_blocks), static_cast<ll>(el),
+                  static_cast<ll>(e.kv_head_stride), static_cast<ll>(e.kv_token_stride),
+                  static_cast<ll>(e.kv_page_stride));
+    }
+    int64_t add = 0;
+    if (__builtin_mul_overflow(d[i].extent - 1, d[i].stride, &add) || __builtin_add_overflow(span, add, &span))
+      return fail(M3QKV_ERROR_TOO_LARGE, "%s: the K cache span (%s = %lld over %lld) overflows int64", c.fn, d[i].what,
+                  static_cast<ll>(d[i].stride), static_cast<ll>(d[i].extent));
+  }
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status check_nvfp4_kv_unused_fields(Ctx c, const Epilogue& e) {
+  if (e.kv_token_stride != 0 || e.kv_head_stride != 0) {
+    const bool tok = e.kv_token_stride != 0;
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "%s: %s = %lld must be 0 with kv_cache_dtype = 0 (NVFP4: the page layout is fixed; the strides "
+                "are for FP8 / BF16 caches)",
+                c.fn, tok ? "kv_token_stride" : "kv_head_stride",
+                static_cast<ll>(tok ? e.kv_token_stride : e.kv_head_stride));
+  }
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status check_flat_index_scalars(Ctx c, const Epilogue& e) {
+  M3QKV_TRY(multiple_of(c, "index_page_stride", e.index_page_stride, kFlatStrideMultiple));
+  const int64_t page = int64_t{e.block_size} * kHeadDim * flat_elem(e.index_cache_dtype);  // < 2^31 · 256
+  if (e.index_page_stride < page)
+    return fail(M3QKV_ERROR_INVALID_SHAPE,
+                "%s: index_page_stride = %lld is smaller than one %s index page (block_size*128*%lld = %lld bytes)",
+                c.fn, static_cast<ll>(e.index_page_stride), dtype_name(e.index_cache_dtype),
+                static_cast<ll>(flat_elem(e.index_cache_dtype)), static_cast<ll>(page));
+  M3QKV_TRY(at_least(c, "num_index_blocks", e.num_index_blocks, 1));
+  int64_t bytes = 0;
+  return product(c, "num_index_blocks*index_page_stride (cache bytes)", {e.num_index_blocks, e.index_page_stride},
+                 &bytes);
+}
+
+// Pointer presence (step 5): v_cache required for flat KV, NULL for NVFP4.
+m3qkv_status check_v_cache_pointer(Ctx c, const Epilogue& e) {
+  if (kv_is_flat(e)) return non_null(c, "v_cache", e.v_cache);
+  if (e.v_cache != nullptr)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "%s: v_cache = 0x%llx must be NULL with kv_cache_dtype = 0 (NVFP4 keeps V in kv_cache); set "
+                "kv_cache_dtype for an FP8 / BF16 cache",
+                c.fn, static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(e.v_cache)));
+  return M3QKV_SUCCESS;
+}
+
+// Whether some V element meets some K element, V = K shifted by `d` bytes.
+// K rows are [x, x + 128·e) for x in the lattice of the sorted dimensions
+// d[0..k) (validated nested: each stride >= the span of the smaller ones).
+// The K-K differences of the dimensions below k lie in (-span, span), so at
+// level k only the two multiples m·stride nearest to d can leave a remainder
+// in that range: at most two branches per level, exact.
+bool flat_shift_meets(__int128 d, const FlatDim* dims, int k, int64_t row) {
+  if (k == 0) return d > -row && d < row;
+  const FlatDim& x = dims[k - 1];
+  int64_t span = row;  // span of dims[0..k-1)
+  for (int i = 0; i < k - 1; ++i) span += (dims[i].extent - 1) * dims[i].stride;  // fits: checked in scalars
+  const __int128 s = x.stride;
+  __int128 m0 = d / s;
+  if (d % s != 0 && d < 0) --m0;  // floor
+  for (__int128 m = m0; m <= m0 + 1; ++m) {
+    if (m <= -x.extent || m >= x.extent) continue;
+    const __int128 r = d - m * s;
+    if (r > -span && r < span && flat_shift_meets(r, dims, k - 1, row)) return true;
+  }
+  return false;
+}
+
+// Step 6 (after alignment): the V elements are disjoint from the K elements.
+m3qkv_status check_kv_pair_disjoint(Ctx c, const Epilogue& e) {
+  if (!kv_is_flat(e)) return M3QKV_SUCCESS;
+  FlatDim d[3];
+  const int n = flat_kv_dims(e, d);
+  const __int128 shift = static_cast<__int128>(reinterpret_cast<uintptr_t>(e.v_cache)) -
+                         static_cast<__int128>(reinterpret_cast<uintptr_t>(e.kv_cache));
+  if (flat_shift_meets(shift, d, n, kHeadDim * flat_elem(e.kv_cache_dtype)))
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "%s: v_cache = kv_cache %c %lld bytes: some V element would share bytes with a K element (strides: "
+                "head %lld, token %lld, page %lld; nkv = %d, block_size = %d, num_blocks = %lld)",
+                c.fn, shift < 0 ? '-' : '+', static_cast<ll>(shift < 0 ? -shift : shift),
+                static_cast<ll>(e.kv_head_stride), static_cast<ll>(e.kv_token_stride),
+                static_cast<ll>(e.kv_page_stride), e.nkv, e.block_size, static_cast<ll>(e.num_blocks));
+  return M3QKV_SUCCESS;
+}
+// ------------------------------------------------------- end of cache formats
+
 // All host scalars of the epilogue: shapes, limits and values. *n_out = N.
 m3qkv_status check_epilogue_scalars(Ctx c, const Epilogue& e, int64_t* n_out) {
   M3QKV_TRY(check_m(c, e.m));
@@ -373,15 +553,26 @@ m3qkv_status check_epilogue_scalars(Ctx c, const Epilogue& e, int64_t* n_out) {
   M3QKV_TRY(positive(c, "block_size", e.block_size));
   M3QKV_TRY(multiple_of(c, "block_size", e.block_size, kBlockSizeMultiple));
 
+  M3QKV_TRY(check_cache_dtypes(c, e));
   int64_t kv_page = 0, slots = 0;
-  M3QKV_TRY(product(c, "2*nkv*block_size*72 (kv page bytes)", {2, e.nkv, e.block_size, kSlotBytesPerToken}, &kv_page));
-  M3QKV_TRY(check_cache(c, "kv_page_stride", e.kv_page_stride, "num_blocks", e.num_blocks, kv_page,
-                          "2*nkv*block_size*72"));
+  if (kv_is_flat(e)) {
+    M3QKV_TRY(check_flat_kv_scalars(c, e));
+  } else {
+    M3QKV_TRY(check_nvfp4_kv_unused_fields(c, e));
+    M3QKV_TRY(
+        product(c, "2*nkv*block_size*72 (kv page bytes)", {2, e.nkv, e.block_size, kSlotBytesPerToken}, &kv_page));
+    M3QKV_TRY(check_cache(c, "kv_page_stride", e.kv_page_stride, "num_blocks", e.num_blocks, kv_page,
+                            "2*nkv*block_size*72"));
+  }
   M3QKV_TRY(product(c, "num_blocks*block_size (kv slots)", {e.num_blocks, e.block_size}, &slots));
   if (e.nik > 0) {
-    const int64_t index_page = int64_t{e.block_size} * kSlotBytesPerToken;  // < 2^31 · 72: no overflow
-    M3QKV_TRY(check_cache(c, "index_page_stride", e.index_page_stride, "num_index_blocks", e.num_index_blocks,
-                            index_page, "block_size*72"));
+    if (index_is_flat(e)) {
+      M3QKV_TRY(check_flat_index_scalars(c, e));
+    } else {
+      const int64_t index_page = int64_t{e.block_size} * kSlotBytesPerToken;  // < 2^31 · 72: no overflow
+      M3QKV_TRY(check_cache(c, "index_page_stride", e.index_page_stride, "num_index_blocks", e.num_index_blocks,
+                              index_page, "block_size*72"));
+    }
     M3QKV_TRY(product(c, "num_index_blocks*block_size (index slots)", {e.num_index_blocks, e.block_size}, &slots));
   }
 
@@ -393,8 +584,11 @@ m3qkv_status check_epilogue_scalars(Ctx c, const Epilogue& e, int64_t* n_out) {
   M3QKV_TRY(check_eps(c, e.eps));
   // q_fp8_scale only matters when the fp8 q output is requested.
   if (e.q_fp8_out != nullptr) M3QKV_TRY(check_scale(c, "q_fp8_scale", e.q_fp8_scale));
-  M3QKV_TRY(check_scale(c, "k_scale", e.k_scale));
-  M3QKV_TRY(check_scale(c, "v_scale", e.v_scale));
+  // The KV scales are not used by a BF16 KV cache (SPEC §4b).
+  if (e.kv_cache_dtype != M3QKV_CACHE_BF16) {
+    M3QKV_TRY(check_scale(c, "k_scale", e.k_scale));
+    M3QKV_TRY(check_scale(c, "v_scale", e.v_scale));
+  }
   M3QKV_TRY(check_use_pdl(c, e.use_pdl));
   M3QKV_TRY(check_grid(c, e.grid));
   return M3QKV_SUCCESS;
@@ -416,6 +610,7 @@ m3qkv_status check_epilogue_pointers(Ctx c, const Epilogue& e) {
     M3QKV_TRY(non_null(c, "index_slot_mapping", e.index_slot_mapping));
     M3QKV_TRY(non_null(c, "index_cache", e.index_cache));
   }
+  M3QKV_TRY(check_v_cache_pointer(c, e));
   if (e.q_out == nullptr && e.q_fp8_out == nullptr) {
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: q_out = NULL and q_fp8_out = NULL: at least one q output is required",
                 c.fn);
@@ -442,7 +637,8 @@ m3qkv_status check_epilogue_alignment(Ctx c, const Epilogue& e) {
     M3QKV_TRY(aligned(c, "index_cache", e.index_cache, kWideAlign));
   }
   M3QKV_TRY(aligned(c, "error_flags", e.error_flags, kFlagAlign));
-  return M3QKV_SUCCESS;
+  M3QKV_TRY(aligned(c, "v_cache", e.v_cache, kWideAlign));
+  return check_kv_pair_disjoint(c, e);
 }
 
 // Steps 1-2 of the order above: *out = the caller's struct_size bytes of

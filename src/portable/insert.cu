@@ -1,36 +1,57 @@
 // Standalone epilogue (m3qkv_qknorm_rope_kv_insert): RMSNorm + RoPE + q
-// outputs + NVFP4 cache insert on a bf16 projection, float(bf16) in. One
-// thread per (token row, head): the row's 128 values sit in registers and go
-// through the same epilogue code as the fused kernels.
+// outputs + cache insert (any format of SPEC §4 / §4b) on a bf16 projection,
+// float(bf16) in.
+//
+// One pass, every lane busy: a warp takes one head of 8 consecutive token rows,
+// a QUAD of lanes one (row, head) in the quad layout of epi::quad_row_epilogue
+// (lane q holds columns 8j + 2q + {0, 1}), which runs the shared epilogue on
+// registers with quad shuffles. All quads of a warp share the head, so the
+// epilogue's branches and shuffles are warp-uniform. Each lane reads its 16
+// bf16 pairs as 4-byte words: per j a quad reads 16 contiguous bytes of its
+// row, the 16 loads of a lane are independent (all in flight together) and
+// the 32-byte sectors a load leaves half-used are completed by the next j from
+// L1, so DRAM sees each byte of qkv once.
+//
+// Bytes one call must move (bench/RESULTS.md, "insert"): M·N·2 (qkv) + M·24
+// (position, slot, index slot) + M·128 (the cos/sin row) + the outputs
+// M·nq·128·(2 [q_out] + 1 [q_fp8_out]) + M·niq·128 + the cache tokens:
+// NVFP4 M·(2·nkv + nik)·72, FP8 M·(2·nkv + nik)·128, BF16 M·(2·nkv + nik)·256.
+#include "common/epilogue_quad.cuh"
 #include "portable/kernels.cuh"
 #include "ptx/griddepcontrol.cuh"
 
 using namespace m3qkv;
 using namespace m3qkv::portable;
 
+static_assert(kInsertThreads % 32 == 0, "whole warps");
+static_assert(kInsertRowsPerWarp * 4 == 32, "one quad per row");
+
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(const InsertParams p) {
   griddepcontrol_wait();  // qkv is typically the previous grid's output (the GEMM)
   griddepcontrol_launch_dependents();
 
   const int heads = total_heads(p.e.nq, p.e.nkv, p.e.niq, p.e.nik);
-  const int64_t items = p.m * heads;
   const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
-  for (int64_t it = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; it < items;
-       it += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t m = it / heads;
-    const int head = static_cast<int>(it - m * heads);
-    const uint4* src = reinterpret_cast<const uint4*>(p.qkv + m * n + static_cast<int64_t>(head) * kHeadDim);
-    float x[kHeadDim];
+  const int64_t items = (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;  // (row group, head) per warp
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const int q = lane % 4;
+  constexpr int kWarps = kInsertThreads / 32;
+  // Warp-uniform loop: head fastest, so the warps of a block read adjacent heads of the same rows.
+  for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
+       it += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int head = static_cast<int>(it % heads);
+    const int64_t row = it / heads * kInsertRowsPerWarp + lane / 4;
+    const bool valid = row < p.m;
+    const epi::QuadHead qh = epi::quad_head(p.e, head, q);
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(p.qkv + (valid ? row : 0) * n +
+                                                            static_cast<int64_t>(head) * kHeadDim + 2 * q);
+    float y[epi::kQuadValues];  // y[2j + b] = column 8j + 2q + b
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
-      const uint4 v = src[j];
-      const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        x[8 * j + 2 * i] = bf16_to_f32(static_cast<uint16_t>(w[i] & 0xffffu));
-        x[8 * j + 2 * i + 1] = bf16_to_f32(static_cast<uint16_t>(w[i] >> 16));
-      }
+      const uint32_t w = valid ? src[4 * j] : 0u;
+      y[2 * j] = bf16_to_f32(static_cast<uint16_t>(w & 0xffffu));
+      y[2 * j + 1] = bf16_to_f32(static_cast<uint16_t>(w >> 16));
     }
-    epi::epilogue_head_row(p.e, m, head, x);
+    epi::quad_row_epilogue(p.e, qh, row, valid, y, q);
   }
 }

@@ -38,7 +38,8 @@ struct QuantizeParams {
   int64_t m, k;
 };
 
-constexpr int kInsertThreads = 128;
+constexpr int kInsertThreads = 128;    // 4 warps
+constexpr int kInsertRowsPerWarp = 8;  // a warp = one head of 8 token rows, a quad per row
 constexpr int kQuantizeThreads = 256;
 
 }  // namespace portable
@@ -48,7 +49,8 @@ constexpr int kQuantizeThreads = 256;
 // head t % heads of row block t / heads.
 __global__ void m3qkv_portable_fused_kernel(const m3qkv::portable::FusedParams p);
 __global__ void m3qkv_portable_gemm_kernel(const m3qkv::portable::GemmParams p);
-// Grid-stride over (row, head) items, one thread per 128-value head row.
+// Grid-stride over (8-row group, head) items, one warp per item, a quad of
+// lanes per 128-value head row (epi::quad_row_epilogue).
 __global__ void m3qkv_portable_insert_kernel(const m3qkv::portable::InsertParams p);
 // Grid-stride over (padded row, 32-value block) items.
 __global__ void m3qkv_portable_quantize_kernel(const m3qkv::portable::QuantizeParams p);

@@ -3,7 +3,8 @@
 // serialization attribute is set on CC >= 9.0 (the kernels call
 // griddepcontrol.wait before reading any input). `grid` (fused, gemm,
 // insert): the kernels loop over their work items with a grid stride, so any
-// grid >= 1 is correct; plan.h turns it into the CTA count.
+// grid >= 1 is correct; plan.h turns it into the CTA count (0 = one CTA per
+// tile for fused and gemm, one (8-row group, head) item per warp for insert).
 #include "host/launch.h"
 #include "host/once.h"
 #include "host/timing.h"
@@ -94,9 +95,11 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
 }
 
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
-  const int64_t items = a.m * total_heads(a.nq, a.nkv, a.niq, a.nik);
-  const host::LaunchShape sh =
-      shape(portable::plan_grid(items, portable::kInsertThreads, a.grid), portable::kInsertThreads, 0, a.use_pdl, dev);
+  // Work items: (8-row group, head), one per warp.
+  const int64_t items = (a.m + portable::kInsertRowsPerWarp - 1) / portable::kInsertRowsPerWarp *
+                        total_heads(a.nq, a.nkv, a.niq, a.nik);
+  const host::LaunchShape sh = shape(portable::plan_grid(items, portable::kInsertThreads / 32, a.grid),
+                                     portable::kInsertThreads, 0, a.use_pdl, dev);
   host::timing_mark(host::Phase::kPlan);
   portable::InsertParams p;
   p.qkv = static_cast<const uint16_t*>(a.qkv);

@@ -64,6 +64,7 @@ constexpr int kBBuffers = kBStageSlots * 2;
 // CTA; "last" events are taken on the CTA's last unit.
 enum TraceEvent : int {
   kTrEntry = 0,      // kernel entry (thread 0)
+  kTrSetup,          // producer: barriers initialized, registers moved (before the tensor-map prefetch)
   kTrPdlDone,        // producer: after griddepcontrol.wait
   kTrFirstFull,      // consumer thread 0: first stage landed
   kTrMainDone,       // consumer thread 0: last unit's mainloop (wgmma) done
@@ -71,7 +72,7 @@ enum TraceEvent : int {
   kTrEpiDone,        // consumer thread 0: last unit finished (reduction + epilogue if last arriver)
   kTrUnits,          // value: units this CTA walked
   kTrLastArrivals,   // value: units for which this CTA was the last arriver
-  kTraceEvents = 8
+  kTraceEvents = 10
 };
 
 template <int NT>

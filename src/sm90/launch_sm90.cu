@@ -101,7 +101,7 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
                                         sm90::decode::kBK, sm90::decode::kHeadRows, CU_TENSOR_MAP_SWIZZLE_NONE));
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k),
                                         static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k), sm90::decode::kBK,
-                                        static_cast<uint32_t>(plan.nt), CU_TENSOR_MAP_SWIZZLE_NONE));
+                                        static_cast<uint32_t>(plan.nt), CU_TENSOR_MAP_SWIZZLE_128B));
   host::timing_mark(host::Phase::kTensorMaps);
 
   sm90::decode::Params p;

@@ -25,7 +25,9 @@ std::string ProblemConfig::describe() const {
      << " max_position=" << max_position << " q_bf16=" << q_bf16 << " q_fp8=" << q_fp8
      << " q_fp8_scale=" << q_fp8_scale << " k_scale=" << k_scale << " v_scale=" << v_scale << " eps=" << eps
      << " exact=" << exact_data << " seed=" << seed << " skip=" << slot_skip_fraction
-     << " oor_slots=" << out_of_range_slots << " oor_positions=" << out_of_range_positions;
+     << " oor_slots=" << out_of_range_slots << " oor_positions=" << out_of_range_positions
+     << " kv_dtype=" << kv_dtype << " index_dtype=" << index_dtype << " kv_head_major=" << kv_head_major
+     << " kv_row_pad=" << kv_row_pad << " kv_interleaved=" << kv_interleaved;
   return os.str();
 }
 
@@ -131,7 +133,8 @@ Problem make_problem(const ProblemConfig& cfg_in) {
   if (cfg.seed == 0) cfg.seed = test_seed();
   if (cfg.m < 0 || cfg.k <= 0 || cfg.k % 128 || cfg.nkv < 1 || cfg.nq < 1 || cfg.nq % cfg.nkv ||
       (cfg.niq != 0 && cfg.niq != cfg.nkv) || (cfg.nik != 0 && cfg.nik != 1) || cfg.block_size <= 0 ||
-      cfg.block_size % 4 || cfg.max_position < 1 || (!cfg.q_bf16 && !cfg.q_fp8))
+      cfg.block_size % 4 || cfg.max_position < 1 || (!cfg.q_bf16 && !cfg.q_fp8) || cfg.kv_dtype < 0 ||
+      cfg.kv_dtype > 2 || cfg.index_dtype < 0 || cfg.index_dtype > 2 || cfg.kv_row_pad < 0 || cfg.kv_row_pad % 16)
     throw std::invalid_argument("make_problem: bad config " + cfg.describe());
   Problem p;
   p.m = cfg.m;
@@ -145,8 +148,28 @@ Problem make_problem(const ProblemConfig& cfg_in) {
   const int64_t auto_pages = std::max<int64_t>(3, (2 * cfg.m + cfg.block_size - 1) / cfg.block_size);
   p.num_blocks = cfg.num_blocks > 0 ? cfg.num_blocks : auto_pages;
   p.num_index_blocks = cfg.num_index_blocks > 0 ? cfg.num_index_blocks : auto_pages;
-  p.kv_page_stride = cfg.kv_page_stride > 0 ? cfg.kv_page_stride : m3qkv::kv_page_min_bytes(p.nkv, p.block_size) + 64;
-  p.index_page_stride = cfg.index_page_stride > 0 ? cfg.index_page_stride : m3qkv::nvfp4_slot_bytes(p.block_size) + 64;
+  p.kv_dtype = cfg.kv_dtype;
+  p.index_dtype = cfg.index_dtype;
+  if (p.kv_flat()) {
+    const int64_t row = 128 * p.kv_elem() + cfg.kv_row_pad;  // the innermost stride
+    if (cfg.kv_head_major) {
+      p.kv_token_stride = row;
+      p.kv_head_stride = row * p.block_size;
+    } else {
+      p.kv_head_stride = row;
+      p.kv_token_stride = row * p.nkv;
+    }
+    const int64_t half = row * p.nkv * p.block_size;  // one page of K (or V)
+    p.v_in_kv = cfg.kv_interleaved ? half : -1;
+    p.kv_page_stride = cfg.kv_page_stride > 0 ? cfg.kv_page_stride : (cfg.kv_interleaved ? 2 : 1) * half + 64;
+  } else {
+    p.kv_page_stride = cfg.kv_page_stride > 0 ? cfg.kv_page_stride : m3qkv::kv_page_min_bytes(p.nkv, p.block_size) + 64;
+  }
+  p.index_page_stride =
+      cfg.index_page_stride > 0
+          ? cfg.index_page_stride
+          : (p.index_flat() ? m3qkv::index_flat_page_bytes(p.block_size, p.index_elem())
+                            : m3qkv::nvfp4_slot_bytes(p.block_size)) + 64;
   if (p.kv_capacity() < p.m || (p.nik && p.index_capacity() < p.m))
     throw std::invalid_argument("make_problem: cache smaller than m tokens (slots must be unique)");
   cfg.num_blocks = p.num_blocks;
@@ -224,6 +247,8 @@ HostOutputs Problem::make_outputs(uint8_t poison) const {
   if (cfg.q_fp8) o.q_fp8_out.assign(size_t(q_elems()), poison);
   o.index_q_out.assign(index_q_out_bytes(), poison);
   o.kv_cache.assign(kv_cache_bytes(), poison);
+  o.v_cache.assign(v_cache_bytes(), poison);
+  o.v_in_kv = v_in_kv;
   o.index_cache.assign(index_cache_bytes(), poison);
   return o;
 }
@@ -234,6 +259,8 @@ OutputPtrs HostOutputs::ptrs() {
   p.q_fp8_out = q_fp8_out.empty() ? nullptr : q_fp8_out.data();
   p.index_q_out = index_q_out.empty() ? nullptr : index_q_out.data();
   p.kv_cache = kv_cache.empty() ? nullptr : kv_cache.data();
+  p.v_cache = v_in_kv >= 0 ? (kv_cache.empty() ? nullptr : kv_cache.data() + v_in_kv)
+                           : (v_cache.empty() ? nullptr : v_cache.data());
   p.index_cache = index_cache.empty() ? nullptr : index_cache.data();
   p.error_flags = &flags;
   return p;
@@ -280,6 +307,11 @@ void fill_common(const Problem& p, A& a, const std::function<const void*(const H
   a.use_pdl = 0;
   a.grid = 0;
   a.error_flags = out.error_flags;
+  a.kv_cache_dtype = p.kv_dtype;
+  a.index_cache_dtype = p.nik ? p.index_dtype : 0;
+  a.v_cache = p.kv_flat() ? out.v_cache : nullptr;
+  a.kv_token_stride = p.kv_token_stride;
+  a.kv_head_stride = p.kv_head_stride;
 }
 }  // namespace
 
@@ -332,6 +364,42 @@ namespace {
 std::string where_q(int64_t i, int heads) {
   std::ostringstream os;
   os << "token " << i / (int64_t(heads) * 128) << " head " << (i / 128) % heads << " col " << i % 128;
+  return os.str();
+}
+// Flat (FP8 / BF16) KV cache byte b: page, then the K or V element it belongs to
+// (interleaved V inside the page), or "not an element".
+std::string where_flat_kv(const Problem& p, int64_t b, bool v_buffer) {
+  std::ostringstream os;
+  const int64_t page = b / p.kv_page_stride, w = b % p.kv_page_stride, e = p.kv_elem();
+  os << "page " << page;
+  for (int part = 0; part < 2; ++part) {
+    const bool is_v = v_buffer || part == 1;
+    const int64_t base = (!v_buffer && part == 1) ? p.v_in_kv : 0;
+    if (!v_buffer && part == 1 && base < 0) break;
+    for (int t = 0; t < p.block_size; ++t)
+      for (int h = 0; h < p.nkv; ++h) {
+        const int64_t r = w - base - t * p.kv_token_stride - h * p.kv_head_stride;
+        if (r >= 0 && r < 128 * e) {
+          os << (is_v ? " V" : " K") << " head " << h << " token " << t << " (slot id " << page * p.block_size + t
+             << ") col " << r / e << " byte " << r % e;
+          return os.str();
+        }
+      }
+    if (v_buffer) break;
+  }
+  os << " byte +" << w << " (no element: padding)";
+  return os.str();
+}
+std::string where_flat_index(const Problem& p, int64_t b) {
+  std::ostringstream os;
+  const int64_t page = b / p.index_page_stride, w = b % p.index_page_stride, e = p.index_elem();
+  os << "page " << page;
+  if (w >= int64_t(p.block_size) * 128 * e) {
+    os << " page padding +" << w - int64_t(p.block_size) * 128 * e;
+  } else {
+    os << " token " << w / (128 * e) << " (slot id " << page * p.block_size + w / (128 * e) << ") col "
+       << (w % (128 * e)) / e;
+  }
   return os.str();
 }
 std::string where_cache(int64_t b, int64_t stride, int slots, int bs, bool kv) {
@@ -389,9 +457,19 @@ std::string compare_outputs(const Problem& p, const HostOutputs& want, const Hos
   diff_buffer("index_q_out", want.index_q_out, got.index_q_out, max_report,
               [&](int64_t i) { return where_q(i, std::max(1, p.niq)); }, os);
   diff_buffer("kv_cache", want.kv_cache, got.kv_cache, max_report,
-              [&](int64_t i) { return where_cache(i, p.kv_page_stride, 2 * p.nkv, p.block_size, true); }, os);
+              [&](int64_t i) {
+                return p.kv_flat() ? where_flat_kv(p, i, false)
+                                   : where_cache(i, p.kv_page_stride, 2 * p.nkv, p.block_size, true);
+              },
+              os);
+  diff_buffer("v_cache", want.v_cache, got.v_cache, max_report, [&](int64_t i) { return where_flat_kv(p, i, true); },
+              os);
   diff_buffer("index_cache", want.index_cache, got.index_cache, max_report,
-              [&](int64_t i) { return where_cache(i, p.index_page_stride, 1, p.block_size, false); }, os);
+              [&](int64_t i) {
+                return p.index_flat() ? where_flat_index(p, i)
+                                      : where_cache(i, p.index_page_stride, 1, p.block_size, false);
+              },
+              os);
   if (want.flags != got.flags) os << "error flags: want 0x" << std::hex << want.flags << " got 0x" << got.flags << "\n";
   return os.str();
 }

@@ -43,6 +43,19 @@ struct ProblemConfig {
   double slot_skip_fraction = 0.125;  // tokens whose slot (and, independently, index slot) is < 0
   bool out_of_range_slots = false;      // some slots / index slots >= capacity
   bool out_of_range_positions = false;  // some positions < 0 or >= max_position
+  // Cache formats (SPEC §4b): m3qkv_cache_dtype of the KV and the index cache.
+  int kv_dtype = 0;
+  int index_dtype = 0;
+  // FP8 / BF16 KV layout. Token-major pages [block_size][nkv][128] (vLLM flash)
+  // unless kv_head_major ([nkv][block_size][128]). kv_row_pad bytes (% 16) are
+  // added to the innermost stride (head stride, or token stride when
+  // head-major), so that stride is not 128·e. kv_interleaved: one allocation
+  // [num_blocks][2][page] with v_cache = kv_cache + the K block; else two
+  // separate buffers of num_blocks pages. kv_page_stride = 0: the page (both
+  // halves when interleaved) + 64 bytes.
+  bool kv_head_major = false;
+  int64_t kv_row_pad = 0;
+  bool kv_interleaved = false;
   std::string describe() const;
 };
 
@@ -66,6 +79,7 @@ struct OutputPtrs {
   void* q_fp8_out = nullptr;
   void* index_q_out = nullptr;
   void* kv_cache = nullptr;
+  void* v_cache = nullptr;  // FP8 / BF16 KV only
   void* index_cache = nullptr;
   uint32_t* error_flags = nullptr;
 };
@@ -76,7 +90,9 @@ struct HostOutputs {
   std::vector<uint8_t> q_fp8_out;
   std::vector<uint8_t> index_q_out;
   std::vector<uint8_t> kv_cache;
+  std::vector<uint8_t> v_cache;  // separate V buffer (FP8 / BF16, not interleaved)
   std::vector<uint8_t> index_cache;
+  int64_t v_in_kv = -1;  // >= 0: V lives in kv_cache at this byte offset (interleaved)
   uint32_t flags = 0;
   OutputPtrs ptrs();  // empty vectors give nullptr
 };
@@ -88,6 +104,9 @@ struct Problem {
   int block_size = 0;
   int64_t num_blocks = 0, kv_page_stride = 0, num_index_blocks = 0, index_page_stride = 0;
   int64_t max_position = 0;
+  int kv_dtype = 0, index_dtype = 0;
+  int64_t kv_token_stride = 0, kv_head_stride = 0;  // FP8 / BF16 KV (0 for NVFP4)
+  int64_t v_in_kv = -1;  // interleaved: byte offset of v_cache in kv_cache; -1: separate buffer
 
   std::vector<uint8_t> xq, xsf, wq, wsf;
   std::vector<int64_t> positions;
@@ -103,6 +122,11 @@ struct Problem {
   size_t q_fp8_out_bytes() const { return cfg.q_fp8 ? size_t(q_elems()) : 0; }
   size_t index_q_out_bytes() const { return size_t(index_q_elems()); }
   size_t kv_cache_bytes() const { return size_t(num_blocks * kv_page_stride); }
+  bool kv_flat() const { return kv_dtype != 0; }
+  bool index_flat() const { return index_dtype != 0; }
+  int kv_elem() const { return kv_dtype == 2 ? 2 : 1; }
+  int index_elem() const { return index_dtype == 2 ? 2 : 1; }
+  size_t v_cache_bytes() const { return kv_flat() && v_in_kv < 0 ? kv_cache_bytes() : 0; }
   size_t index_cache_bytes() const { return nik ? size_t(num_index_blocks * index_page_stride) : 0; }
   int64_t kv_capacity() const { return num_blocks * block_size; }
   int64_t index_capacity() const { return num_index_blocks * block_size; }

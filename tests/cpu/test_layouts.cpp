@@ -94,6 +94,27 @@ TEST(Nvfp4Cache, SlotBytesTiledOnce) {
   }
 }
 
+// FP8 / BF16 caches (SPEC §4b): K/V element at p·page + t·token + h·head + c·e;
+// index_k at p·page + t·128·e + c·e.
+TEST(FlatCache, HandComputedOffsets) {
+  EXPECT_EQ(flat_elem_bytes(kCacheFp8), 1);
+  EXPECT_EQ(flat_elem_bytes(kCacheBf16), 2);
+  // vLLM flash layout, bf16, block 16, nkv 4: head 256 B, token 1024 B, page 16384 B.
+  EXPECT_EQ(kv_flat_offset(0, 0, 0, 0, 16384, 1024, 256, 2), 0);
+  EXPECT_EQ(kv_flat_offset(0, 0, 0, 127, 16384, 1024, 256, 2), 254);         // 127·2
+  EXPECT_EQ(kv_flat_offset(0, 0, 3, 1, 16384, 1024, 256, 2), 770);           // 3·256 + 2
+  EXPECT_EQ(kv_flat_offset(2, 5, 1, 10, 16384, 1024, 256, 2), 38164);        // 32768 + 5120 + 256 + 20
+  EXPECT_EQ(kv_flat_offset(2, 15, 3, 127, 16384, 1024, 256, 2), 49150);      // 32768 + 15360 + 768 + 254: last byte - 1
+  // fp8, head-major page [nkv][bs][128] with 16-B padded rows: token 144, head 144·128 = 18432.
+  EXPECT_EQ(kv_flat_offset(1, 3, 2, 7, 4 * 18432, 144, 18432, 1), 111031);   // 73728 + 432 + 36864 + 7
+  // index cache: fp8 block 128 -> rows of 128 B; bf16 rows of 256 B.
+  EXPECT_EQ(index_flat_page_bytes(128, 1), 16384);
+  EXPECT_EQ(index_flat_page_bytes(16, 2), 4096);
+  EXPECT_EQ(index_flat_offset(3, 100, 5, 16384 + 64, 1), 62149);             // 3·16448 + 12800 + 5 = 49344 + 12805
+  EXPECT_EQ(index_flat_offset(0, 15, 127, 4096, 2), 4094);                   // 15·256 + 254
+  EXPECT_EQ(index_flat_offset(5, 0, 1, 4096, 2), 20482);                     // 5·4096 + 2
+}
+
 TEST(HeadLayout, HandComputed) {
   // nq 16, nkv 2, niq 2, nik 1: [q0..q15 | k0 k1 | v0 v1 | iq0 iq1 | ik0] = 23 heads
   EXPECT_EQ(total_heads(16, 2, 2, 1), 23);

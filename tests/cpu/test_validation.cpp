@@ -418,6 +418,15 @@ std::vector<Case<m3qkv_fused_args>> fused_cases() {
        kArg, {" kv_cache [0x", " index_cache [0x"}},
       {"xq_ends_inside_q_fp8_out", [](A& a) { a.xq = static_cast<char*>(a.q_fp8_out) - 7 * 6144 + 16; }, kArg,
        {" q_fp8_out [0x", " xq [0x"}},
+      {"q_out_inside_an_fp8_v_cache",
+       [](A& a) {
+         a.kv_cache_dtype = M3QKV_CACHE_FP8;  // K rows of 128 B, 16 tokens per 2304-B page
+         a.v_cache = fake(24);
+         a.kv_head_stride = 128;
+         a.kv_token_stride = 128;
+         a.q_out = static_cast<char*>(a.v_cache) + 3 * 2304 + 128;  // the V rows of page 3
+       },
+       kArg, {" q_out [0x", " v_cache [0x"}},
       {"error_flags_in_the_last_kv_page", [](A& a) { a.error_flags = reinterpret_cast<uint32_t*>(static_cast<char*>(a.kv_cache) + 3 * 2304 + 2300); },
        kArg, {" error_flags [0x", " kv_cache [0x"}},
   };
@@ -928,4 +937,18 @@ TEST(Extents, OnlyWrittenBuffersMustNotOverlap) {
   EXPECT_EQ(m3qkv::host::check_overlaps("f", &e), M3QKV_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(std::string(m3qkv_last_error()).rfind("f: late [0x447, 0x451) overlaps in_a [0x3e8, 0x44c)", 0), 0u)
       << m3qkv_last_error();
+}
+
+// Two extents of one group (the K and V elements of a flat KV cache, proven
+// disjoint by their own rule) are not compared; anything else still is.
+TEST(Extents, AGroupIsLeftToItsLayoutRule) {
+  m3qkv::host::Extents e;
+  e.items[0] = Extent{"kv_cache", 1000, 500, 500, 1, true, m3qkv::host::kGroupFlatKv};
+  e.items[1] = Extent{"v_cache", 1100, 500, 500, 1, true, m3qkv::host::kGroupFlatKv};
+  e.count = 2;
+  EXPECT_EQ(m3qkv::host::check_overlaps("f", &e), M3QKV_SUCCESS) << m3qkv_last_error();
+  e.items[2] = Extent{"q_out", 1550, 16, 16, 1, true};
+  e.count = 3;
+  EXPECT_EQ(m3qkv::host::check_overlaps("f", &e), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("q_out"), std::string::npos) << m3qkv_last_error();
 }

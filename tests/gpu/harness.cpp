@@ -93,6 +93,8 @@ cudaError_t DeviceOutputs::init(const Problem& p, int salt, uint32_t preset_flag
   if ((e = q_fp8_out.init(p.q_fp8_out_bytes(), salt)) != cudaSuccess) return e;
   if ((e = index_q_out.init(p.index_q_out_bytes(), salt)) != cudaSuccess) return e;
   if ((e = kv_cache.init(p.kv_cache_bytes(), salt)) != cudaSuccess) return e;
+  if ((e = v_cache.init(p.v_cache_bytes(), salt)) != cudaSuccess) return e;
+  v_in_kv = p.v_in_kv;
   if ((e = index_cache.init(p.index_cache_bytes(), salt)) != cudaSuccess) return e;
   if ((e = flags.alloc(sizeof(uint32_t))) != cudaSuccess) return e;
   return cudaMemcpy(flags.get(), &preset_flags, sizeof preset_flags, cudaMemcpyHostToDevice);
@@ -104,6 +106,7 @@ cudaError_t DeviceOutputs::repoison(int salt, uint32_t preset_flags) {
   if ((e = q_fp8_out.repoison(salt)) != cudaSuccess) return e;
   if ((e = index_q_out.repoison(salt)) != cudaSuccess) return e;
   if ((e = kv_cache.repoison(salt)) != cudaSuccess) return e;
+  if ((e = v_cache.repoison(salt)) != cudaSuccess) return e;
   if ((e = index_cache.repoison(salt)) != cudaSuccess) return e;
   return cudaMemcpy(flags.get(), &preset_flags, sizeof preset_flags, cudaMemcpyHostToDevice);
 }
@@ -114,6 +117,8 @@ m3qkv_test::OutputPtrs DeviceOutputs::ptrs(bool with_flags) const {
   o.q_fp8_out = q_fp8_out.payload();
   o.index_q_out = index_q_out.payload();
   o.kv_cache = kv_cache.payload();
+  o.v_cache = v_in_kv >= 0 ? (kv_cache.payload() ? static_cast<uint8_t*>(kv_cache.payload()) + v_in_kv : nullptr)
+                           : v_cache.payload();
   o.index_cache = index_cache.payload();
   o.error_flags = with_flags ? flags.as<uint32_t>() : nullptr;
   return o;
@@ -128,6 +133,7 @@ cudaError_t fetch_outputs(const DeviceOutputs& d, Fetched* f) {
                {"q_fp8_out", &d.q_fp8_out, &f->q_fp8_out},
                {"index_q_out", &d.index_q_out, &f->index_q_out},
                {"kv_cache", &d.kv_cache, &f->kv_cache},
+               {"v_cache", &d.v_cache, &f->v_cache},
                {"index_cache", &d.index_cache, &f->index_cache}};
   f->guards_ok = true;
   f->guard_report.clear();
@@ -157,6 +163,7 @@ HostOutputs poisoned_host_outputs(const Problem& p, int salt, uint32_t preset_fl
   fill(o.q_fp8_out.data(), o.q_fp8_out.size());
   fill(o.index_q_out.data(), o.index_q_out.size());
   fill(o.kv_cache.data(), o.kv_cache.size());
+  fill(o.v_cache.data(), o.v_cache.size());
   fill(o.index_cache.data(), o.index_cache.size());
   o.flags = preset_flags;
   return o;
@@ -183,6 +190,34 @@ std::string describe_offset(const Problem& p, const char* buffer, size_t off) {
     const size_t r = elem / row_elems, c = elem % row_elems;
     os << b << " byte " << off << " = row " << r << ", head " << c / 128 << ", col " << c % 128
        << " (position " << (r < p.positions.size() ? p.positions[r] : -1) << ")";
+  } else if ((b == "kv_cache" && p.kv_flat()) || b == "v_cache" || (b == "index_cache" && p.index_flat())) {
+    const bool ix = b == "index_cache";
+    const int64_t stride = ix ? p.index_page_stride : p.kv_page_stride;
+    const int64_t page = static_cast<int64_t>(off) / stride, w = static_cast<int64_t>(off) % stride;
+    const int e = ix ? p.index_elem() : p.kv_elem();
+    os << b << " (" << (e == 1 ? "fp8" : "bf16") << ") byte " << off << " = page " << page;
+    bool found = false;
+    for (int part = 0; part < 2 && !found; ++part) {
+      const int64_t base = part == 0 ? 0 : (b == "kv_cache" ? p.v_in_kv : -1);
+      if (base < 0) break;
+      const int heads = ix ? 1 : p.nkv;
+      const int64_t ts = ix ? 128 * e : p.kv_token_stride, hs = ix ? 0 : p.kv_head_stride;
+      for (int t = 0; t < p.block_size && !found; ++t)
+        for (int h = 0; h < heads && !found; ++h) {
+          const int64_t r = w - base - t * ts - h * hs;
+          if (r < 0 || r >= 128 * e) continue;
+          found = true;
+          const bool is_v = b == "v_cache" || part == 1;
+          os << ", " << (ix ? "index_k" : (is_v ? "V" : "K")) << " head " << h << " token " << t << " col " << r / e;
+          const int64_t slot = page * p.block_size + t;
+          const auto& map = ix ? p.index_slot_mapping : p.slot_mapping;
+          int64_t tok = -1;
+          for (size_t i = 0; i < map.size(); ++i)
+            if (map[i] == slot) tok = static_cast<int64_t>(i);
+          os << "; cache slot " << slot << (tok >= 0 ? " <- token " + std::to_string(tok) : " (no token maps here)");
+        }
+    }
+    if (!found) os << ", no element (padding or gap: must never be written)";
   } else if (b == "kv_cache" || b == "index_cache") {
     const bool kv = b == "kv_cache";
     const int64_t stride = kv ? p.kv_page_stride : p.index_page_stride;
@@ -246,6 +281,7 @@ void expect_same_outputs(const Problem& p, const HostOutputs& e, const Fetched& 
   compare_one(p, "q_fp8_out", e.q_fp8_out.data(), e.q_fp8_out.size(), g.q_fp8_out, what);
   compare_one(p, "index_q_out", e.index_q_out.data(), e.index_q_out.size(), g.index_q_out, what);
   compare_one(p, "kv_cache", e.kv_cache.data(), e.kv_cache.size(), g.kv_cache, what);
+  compare_one(p, "v_cache", e.v_cache.data(), e.v_cache.size(), g.v_cache, what);
   compare_one(p, "index_cache", e.index_cache.data(), e.index_cache.size(), g.index_cache, what);
   if (compare_flags)
     EXPECT_EQ(g.flags, e.flags) << what << ": error_flags 0x" << std::hex << g.flags << ", golden 0x" << e.flags
@@ -258,6 +294,7 @@ void expect_same_fetched(const Problem& p, const Fetched& a, const Fetched& b, c
   compare_one(p, "q_fp8_out", a.q_fp8_out.data(), a.q_fp8_out.size(), b.q_fp8_out, what);
   compare_one(p, "index_q_out", a.index_q_out.data(), a.index_q_out.size(), b.index_q_out, what);
   compare_one(p, "kv_cache", a.kv_cache.data(), a.kv_cache.size(), b.kv_cache, what);
+  compare_one(p, "v_cache", a.v_cache.data(), a.v_cache.size(), b.v_cache, what);
   compare_one(p, "index_cache", a.index_cache.data(), a.index_cache.size(), b.index_cache, what);
   EXPECT_EQ(a.flags, b.flags) << what << ": error_flags differ";
 }

@@ -96,7 +96,8 @@ class DeviceInputs {
 
 // The outputs of the fused op / insert on the device (guarded, poisoned).
 struct DeviceOutputs {
-  GuardedBuffer q_out, q_fp8_out, index_q_out, kv_cache, index_cache;
+  GuardedBuffer q_out, q_fp8_out, index_q_out, kv_cache, v_cache, index_cache;
+  int64_t v_in_kv = -1;  // >= 0: V inside kv_cache at this offset (interleaved FP8 / BF16 layout)
   DeviceBuffer flags;  // uint32, zeroed (or preset)
   cudaError_t init(const Problem& p, int salt, uint32_t preset_flags = 0);
   // Re-poisons every buffer in place (GuardedBuffer::repoison) and presets
@@ -107,7 +108,7 @@ struct DeviceOutputs {
 
 // Host results of one run, as downloaded.
 struct Fetched {
-  std::vector<uint8_t> q_out, q_fp8_out, index_q_out, kv_cache, index_cache;
+  std::vector<uint8_t> q_out, q_fp8_out, index_q_out, kv_cache, v_cache, index_cache;
   bool guards_ok = true;
   std::string guard_report;
   uint32_t flags = 0;

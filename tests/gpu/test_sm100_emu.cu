@@ -10,6 +10,8 @@
 //    `grid` overrides smaller than the tile count (every CTA loops over many
 //    tiles: both TMEM accumulators, the 32-column overlap at cta_group 2).
 //    After every run no emulated TMEM column may still be allocated.
+//  - Sm100EmuCacheFormats: FP8 / BF16 KV and index caches (SPEC §4b), both
+//    cta_groups, interleaved / head-major / padded layouts, mixed with NVFP4.
 //  - Sm100EmuLaunch: back-to-back PDL launches (the successor's prologue,
 //    incl. its TMEM allocation, overlaps the predecessor), grouped-M
 //    rasterization (weights larger than half the L2).
@@ -272,6 +274,65 @@ TEST(Sm100EmuLaunch, GroupedMRasterization) {
     run_and_compare(p, in, c, acc);
   }
 }
+
+// ------------------------------------------------------- cache formats
+// FP8 / BF16 KV and index caches (issue 13, SPEC §4b) through the SM100
+// kernel's epilogue (epi::epilogue_head_row on the TMEM row in registers),
+// both cta_groups, exact data, both salts, against the golden model.
+// Layouts: two token-major tensors with padded rows; one interleaved
+// [nb, 2, bs, nkv, 128] allocation; head-major pages; mixed with NVFP4.
+struct EmuFmtCase {
+  EmuCase base;
+  int kv, ix;
+  bool head_major, interleaved;
+  int64_t row_pad;
+};
+std::string fmt_name(int d) { return d == 0 ? "nvfp4" : (d == 1 ? "fp8" : "bf16"); }
+std::string fmt_case_name(const EmuFmtCase& c) {
+  return case_name(c.base) + "_kv" + fmt_name(c.kv) + "_ix" + fmt_name(c.ix) + (c.head_major ? "_HeadMajor" : "") +
+         (c.interleaved ? "_Interleaved" : "") + (c.row_pad ? "_RowPad" + std::to_string(c.row_pad) : "");
+}
+void PrintTo(const EmuFmtCase& c, std::ostream* os) { *os << fmt_case_name(c); }
+
+std::vector<EmuFmtCase> emu_fmt_cases() {
+  std::vector<EmuFmtCase> v;
+  for (int cg : {1, 2}) {
+    v.push_back({{kTP4, 129, 256, cg, 16, 0, 0, false}, 1, 1, false, false, 16});
+    v.push_back({{kTP2, 256, 256, cg, 128, 1, 0, false}, 2, 2, false, true, 0});
+    v.push_back({{kTP1, 129, 128, cg, 16, 0, 0, true}, 1, 2, true, false, 0});
+    v.push_back({{kTP8, 129, 256, cg, 128, 1, 0, false}, 2, 0, false, true, 32});
+    v.push_back({{kDense, 129, 256, cg, 16, 0, 0, false}, 2, 0, true, false, 16});
+    v.push_back({{kTP4, 256, 256, cg, 16, 1, 3, false}, 0, 1, false, false, 0});  // NVFP4 KV, fp8 index, small grid
+  }
+  return v;
+}
+
+class Sm100EmuCacheFormats : public ::testing::TestWithParam<EmuFmtCase> {};
+
+TEST_P(Sm100EmuCacheFormats, BitExactVsGolden) {
+  M3QKV_REQUIRE_EMULATION();
+  print_seed_once();
+  const EmuFmtCase& c = GetParam();
+  m3qkv_test::ProblemConfig cfg = to_config(c.base);
+  cfg.kv_dtype = c.kv;
+  cfg.index_dtype = c.ix;
+  cfg.kv_head_major = c.head_major;
+  cfg.kv_interleaved = c.interleaved;
+  cfg.kv_row_pad = c.row_pad;
+  cfg.k_scale = 7.0f;
+  cfg.v_scale = 0.375f;
+  const m3qkv_test::Problem p = make_problem(cfg);
+  const std::vector<float> acc =
+      m3qkv::golden::mxfp8_acc(p.xq.data(), p.xsf.data(), p.wq.data(), p.wsf.data(), p.m, p.n(), p.k);
+  DeviceInputs in;
+  CUDA_OK(in.upload(p));
+  CUDA_OK(cudaError_t(m3qkv_emu_set_fault(0, 0, 0, 0)));
+  SCOPED_TRACE(fmt_case_name(c));
+  run_and_compare(p, in, c.base, acc);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Sm100EmuCacheFormats, ::testing::ValuesIn(emu_fmt_cases()),
+                         [](const ::testing::TestParamInfo<EmuFmtCase>& i) { return fmt_case_name(i.param); });
 
 // ------------------------------------------------------------ model unit tests
 enum class Misuse : int { None = 0, BadNcols = 1, DoubleAlloc = 2, WrongQuarter = 3, Leak = 4 };

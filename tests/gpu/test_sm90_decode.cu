@@ -339,7 +339,7 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
   CUDA_OK(trace.error());
   DeviceBuffer flush(size_t(256) << 20);  // > 50 MiB L2
   CUDA_OK(flush.error());
-  const char* names[] = {"entry", "pdl_done", "first_full", "main_done", "arrived", "unit_done"};
+  const char* names[] = {"entry", "setup", "pdl_done", "first_full", "main_done", "arrived", "unit_done"};
   struct Case {
     Heads h;
     int64_t m;
