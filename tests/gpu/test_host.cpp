@@ -340,6 +340,10 @@ TEST(DISABLED_HostChild, WarmupFromAFreshProcess) {
     EXPECT_EQ(active(1), 1);
     CU_OK(drv().get_current(&cur));
     EXPECT_EQ(cur, nullptr) << "m3qkv_warmup(1) left a context current";
+    int d1 = -1;
+    CUDA_OK(cudaGetDevice(&d1));
+    EXPECT_EQ(d1, 0) << "m3qkv_warmup(1) changed the runtime's current device";
+    EXPECT_EQ(active(0), 0) << "cudaGetDevice created a context (test assumption)";
   }
   M3QKV_OK(m3qkv_warmup(0));
   EXPECT_EQ(active(0), 1) << "m3qkv_warmup(0) did not initialize device 0";
