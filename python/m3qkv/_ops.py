@@ -107,7 +107,7 @@ def _scales(fn, name, t, rows, k, dev, of):
 
 def _heads(fn, what, n, nq, nkv, niq, nik, index_q_out, index_cache):
     if nq is None and nkv is None and niq is None and nik is None:
-        h, r = divmod(n, 128)
+        h, r = n // 128, n % 128
         if r or h < 20 or (h - 1) % 19:
             _fail(fn, f"{what} has N = {n} rows, which is not (19·nkv + 1)·128 for any nkv >= 1 "
                       f"(the layout nq = 16·nkv, niq = nkv, nik = 1 inferred when no head counts are given); "

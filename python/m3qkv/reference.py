@@ -341,11 +341,14 @@ def _store_nvfp4(flat, page_stride, block_size, slot_in_page, slots, data, scale
 def epilogue(acc: torch.Tensor, *, nq: int, nkv: int, niq: int, nik: int, positions, cos_sin_cache,
              q_norm_weight, k_norm_weight, index_q_norm_weight=None, index_k_norm_weight=None, eps: float,
              slot_mapping, index_slot_mapping=None, kv_cache, index_cache=None, q_out=None, q_fp8_out=None,
-             index_q_out=None, q_fp8_scale: float = 1.0, k_scale: float = 1.0, v_scale: float = 1.0) -> int:
+             index_q_out=None, q_fp8_scale: float = 1.0, k_scale: float = 1.0, v_scale: float = 1.0,
+             v_cache=None) -> int:
     """The epilogue of the contract on acc f32 [M, N], writing the given output
     tensors in place exactly as the golden model does (NVFP4 caches: kv_cache
     uint8 [nb, 2·nkv, bs, 72] and index_cache uint8 [nb, bs, 72] at any page
-    stride; skipped and out-of-range slots untouched). Returns the M3QKV_FLAG_* bits."""
+    stride; FP8/BF16 caches of SPEC §4b in the vLLM flash layouts, as the
+    Python op takes them; skipped and out-of-range slots untouched). Returns
+    the M3QKV_FLAG_* bits."""
     m = acc.shape[0]
     dev = acc.device
     flags = 0
@@ -369,22 +372,31 @@ def epilogue(acc: torch.Tensor, *, nq: int, nkv: int, niq: int, nik: int, positi
         qinv = rcp_rn(q_fp8_scale)
         q_fp8_out.view(torch.uint8).view(m, nq * HEAD).copy_(f32_to_e4m3(yq * qinv).view(m, nq * HEAD))
     o = nq
-    bs = kv_cache.shape[2]
+    nvfp4 = kv_cache.dtype == torch.uint8
+    # NVFP4 [nb, 2·nkv, bs, 72]; FP8/BF16 [nb, 2, bs, nkv, 128] or [nb, bs, nkv, 128] + v_cache
+    bs = kv_cache.shape[2] if nvfp4 or kv_cache.dim() == 5 else kv_cache.shape[1]
     nb = kv_cache.shape[0]
     slots = slot_mapping.to(torch.int64)
     if bool((slots >= nb * bs).any()):
         flags |= 0x1
     wr = (slots >= 0) & (slots < nb * bs)
     rows = torch.nonzero(wr).view(-1)
-    kv_stride = kv_cache.stride(0)
-    kv_flat = _flat_bytes(kv_cache, (nb - 1) * kv_stride + 2 * nkv * bs * NVFP4_TOKEN_BYTES)
     ksf, vsf = rcp_rn(k_scale), rcp_rn(v_scale)
     yk = normed(o, nkv, k_norm_weight)
-    for h in range(nkv):
-        d, s = nvfp4_quant(yk[rows, h], ksf)
-        _store_nvfp4(kv_flat, kv_stride, bs, 2 * h, slots[rows], d, s, False)
-        d, s = nvfp4_quant(acc[rows, o + nkv + h], vsf)
-        _store_nvfp4(kv_flat, kv_stride, bs, 2 * h + 1, slots[rows], d, s, True)
+    if nvfp4:
+        kv_stride = kv_cache.stride(0)
+        kv_flat = _flat_bytes(kv_cache, (nb - 1) * kv_stride + 2 * nkv * bs * NVFP4_TOKEN_BYTES)
+        for h in range(nkv):
+            d, s = nvfp4_quant(yk[rows, h], ksf)
+            _store_nvfp4(kv_flat, kv_stride, bs, 2 * h, slots[rows], d, s, False)
+            d, s = nvfp4_quant(acc[rows, o + nkv + h], vsf)
+            _store_nvfp4(kv_flat, kv_stride, bs, 2 * h + 1, slots[rows], d, s, True)
+    else:
+        kc, vc = (kv_cache[:, 0], kv_cache[:, 1]) if kv_cache.dim() == 5 else (kv_cache, v_cache)
+        sl = slots[rows]
+        page, t = sl // bs, sl % bs
+        kc[page, t] = _dense(yk[rows], kv_cache.dtype, ksf)
+        vc[page, t] = _dense(acc[rows, o + nkv:o + 2 * nkv], kv_cache.dtype, vsf)
     o += 2 * nkv
     if niq:
         yiq = normed(o, niq, index_q_norm_weight)
@@ -396,12 +408,24 @@ def epilogue(acc: torch.Tensor, *, nq: int, nkv: int, niq: int, nik: int, positi
         if bool((islots >= inb * bs).any()):
             flags |= 0x2
         irows = torch.nonzero((islots >= 0) & (islots < inb * bs)).view(-1)
-        ix_stride = index_cache.stride(0)
-        ix_flat = _flat_bytes(index_cache, (inb - 1) * ix_stride + bs * NVFP4_TOKEN_BYTES)
         yik = normed(o, 1, index_k_norm_weight)
-        d, s = nvfp4_quant(yik[irows, 0], None)
-        _store_nvfp4(ix_flat, ix_stride, bs, 0, islots[irows], d, s, False)
+        if index_cache.dtype == torch.uint8:
+            ix_stride = index_cache.stride(0)
+            ix_flat = _flat_bytes(index_cache, (inb - 1) * ix_stride + bs * NVFP4_TOKEN_BYTES)
+            d, s = nvfp4_quant(yik[irows, 0], None)
+            _store_nvfp4(ix_flat, ix_stride, bs, 0, islots[irows], d, s, False)
+        else:
+            sl = islots[irows]
+            index_cache[sl // bs, sl % bs] = _dense(yik[irows, 0], index_cache.dtype, None)
     return flags
+
+
+def _dense(v: torch.Tensor, dtype, sf: float | None) -> torch.Tensor:
+    """FP8 / BF16 cache values (SPEC §4b): e4m3_satfinite_rn(v · sf) (sf = None:
+    unit scale), or bf16_rn(v) (scales ignored)."""
+    if dtype == torch.bfloat16:
+        return f32_to_bf16(v)
+    return f32_to_e4m3(v * sf if sf is not None else v).view(torch.float8_e4m3fn)
 
 
 def decode_nvfp4(cache: torch.Tensor, slot_in_page: int, slots: torch.Tensor, v_swizzle: bool,

@@ -104,3 +104,44 @@ def test_rsqrt_rn_is_correctly_rounded():
         T = Fraction(tv)
         hi, lo = (Fraction(up) + Fraction(rv)) / 2, (Fraction(dn) + Fraction(rv)) / 2
         assert lo * lo * T < 1 < hi * hi * T, f"rsqrt_rn({tv!r}) = {rv!r} is not the nearest f32"
+
+
+@pytest.mark.parametrize("kind", ["fp8-5d", "bf16-4d"])
+def test_dense_cache_formats_write_only_valid_slots(kind):
+    """The FP8/BF16 cache path of the port (no C golden model for it yet):
+    valid slots hold the converted values, skipped / out-of-range slots and
+    everything else keep the poison."""
+    p = make_problem("TP2", m=13, k=128, exact=False, seed=fresh_seed(), oor=True)
+    nb, bs, nkv = p["pages"], p["block_size"], p["nkv"]
+    dt = torch.float8_e4m3fn if kind.startswith("fp8") else torch.bfloat16
+    poison = lambda shape: torch.full(shape, 0x5A if dt == torch.float8_e4m3fn else 0x5A5A,  # noqa: E731
+                                      dtype=torch.uint8 if dt == torch.float8_e4m3fn else torch.int16).view(dt)
+    kv = poison((nb, 2, bs, nkv, 128)) if kind.endswith("5d") else poison((nb, bs, nkv, 128))
+    v = None if kind.endswith("5d") else poison((nb, bs, nkv, 128))
+    ix = poison((nb, bs, 128))
+    acc = torch.randn(p["m"], p["n"])
+    out = make_outputs(p)
+    ref.epilogue(acc, nq=p["nq"], nkv=nkv, niq=p["niq"], nik=p["nik"], positions=p["positions"],
+                 cos_sin_cache=p["cos_sin_cache"], q_norm_weight=p["q_norm_weight"], k_norm_weight=p["k_norm_weight"],
+                 index_q_norm_weight=p["index_q_norm_weight"], index_k_norm_weight=p["index_k_norm_weight"],
+                 eps=p["eps"], slot_mapping=p["slot_mapping"], index_slot_mapping=p["index_slot_mapping"],
+                 kv_cache=kv, v_cache=v, index_cache=ix, q_out=out["q_out"], q_fp8_out=out["q_fp8_out"],
+                 index_q_out=out["index_q_out"], k_scale=p["k_scale"], v_scale=p["v_scale"])
+    kc, vc = (kv[:, 0], kv[:, 1]) if v is None else (kv, v)
+    cap = nb * bs
+    for slots, caches in [(p["slot_mapping"], (kc, vc)), (p["index_slot_mapping"], (ix,))]:
+        valid = slots[(slots >= 0) & (slots < cap)]
+        for c in caches:
+            touched = torch.zeros(nb * bs, dtype=torch.bool)
+            touched[valid] = True
+            flat = c.reshape(nb * bs, -1).float()
+            changed = (c.reshape(nb * bs, -1).view(torch.uint8) != poison((1,)).view(torch.uint8)[0]).any(-1)
+            assert torch.equal(changed, touched)
+            assert torch.isfinite(flat[touched]).all()
+    # V is the raw projection: the cache holds it (within the format's precision)
+    t = int(torch.nonzero((p["slot_mapping"] >= 0) & (p["slot_mapping"] < cap))[0])
+    s = int(p["slot_mapping"][t])
+    got = vc[s // bs, s % bs].float()
+    want = acc[t, (p["nq"] + nkv) * 128:(p["nq"] + 2 * nkv) * 128].view(nkv, 128)
+    sc = p["v_scale"] if dt == torch.float8_e4m3fn else 1.0
+    assert torch.allclose(got * sc, want, rtol=0.07, atol=1e-2)
