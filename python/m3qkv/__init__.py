@@ -50,7 +50,7 @@ def fused_qkv(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_
               grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None) -> None:
     """The fused op (torch.ops.m3qkv.fused_qkv): writes q_out / q_fp8_out /
     index_q_out and the K/V/index_k cache entries in place, on the current stream."""
-    f = _ops.fused_qkv_impl if not _is_compiling() and _direct(xq) else torch.ops.m3qkv.fused_qkv
+    f = _ops.fused_qkv_fast if not _is_compiling() and _direct(xq) else torch.ops.m3qkv.fused_qkv
     f(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
       index_k_norm_weight, eps, slot_mapping=slot_mapping, index_slot_mapping=index_slot_mapping, kv_cache=kv_cache,
       index_cache=index_cache, index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out, q_fp8_scale=q_fp8_scale,

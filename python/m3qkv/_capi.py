@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import struct
 import threading
 from ctypes import c_float, c_int32, c_int64, c_size_t, c_void_p
 
@@ -129,6 +130,23 @@ QUANTIZE_FIELDS = [
     ("x", c_void_p), ("xq", c_void_p), ("xsf", c_void_p),
     ("use_pdl", c_int32),
 ]
+
+
+def packer(cls) -> "struct.Struct":
+    """A struct.Struct that writes every field of the ctypes mirror `cls` at its
+    offset (native byte order, explicit padding): one pack_into call fills a
+    whole args struct. Pointers are written as integers (0 = NULL)."""
+    assert ctypes.sizeof(c_size_t) == ctypes.sizeof(c_void_p) == 8, "64-bit platforms only"
+    codes = {c_size_t: "Q", c_int64: "q", c_int32: "i", c_float: "f", c_void_p: "Q"}
+    fmt, pos = "=", 0
+    for name, ctype in cls._fields_:
+        off = getattr(cls, name).offset
+        fmt += "x" * (off - pos) + codes[ctype]
+        pos = off + ctypes.sizeof(ctype)
+    fmt += "x" * (ctypes.sizeof(cls) - pos)
+    s = struct.Struct(fmt)
+    assert s.size == ctypes.sizeof(cls), (s.size, ctypes.sizeof(cls))
+    return s
 
 
 def _struct(name, fields):

@@ -395,15 +395,17 @@ def _fill_epilogue(a, lib, heads, m, kvf, ixf, positions, cos_sin_cache, q_norm_
         a.kv_token_stride, a.kv_head_stride = tok, head
 
 
-def fused_qkv_impl(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
+def fused_qkv_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
                    index_k_norm_weight, eps, *, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
                    q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0, cta_group=None,
                    use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None):
+    """Checks the arguments and fills this thread's m3qkv_fused_args: -> (device, struct).
+    (Any device: the CUDA kernel refuses other devices; tools/measure_overhead.py
+    times this part alone on CPU tensors.)"""
     dev, m, k, heads, kvf, ixf = _check_fused(
         xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
         index_k_norm_weight, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out, q_out, q_fp8_out,
         v_cache, nq, nkv, niq, nik, error_flags, False)
-    _cuda_dev("m3qkv.fused_qkv", dev)
     lib = _capi.library()
     a = _struct(_capi.FusedArgs)
     _fill_epilogue(a, lib, heads, m, kvf, ixf, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
@@ -413,7 +415,162 @@ def fused_qkv_impl(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_
     a.k = k
     a.xq, a.xsf, a.wq, a.wsf = xq.data_ptr(), xsf.data_ptr(), wq.data_ptr(), wsf.data_ptr()
     a.cta_group = 0 if cta_group is None else cta_group
-    _call(dev, lib.fused_qkv, a)
+    return dev, a
+
+
+def fused_qkv_impl(*args, **kwargs):
+    dev, a = fused_qkv_args(*args, **kwargs)
+    _cuda_dev("m3qkv.fused_qkv", dev)
+    _call(dev, _capi.library().fused_qkv, a)
+
+
+# ---------------------------------------------------- eager fast path (fused)
+# The checks above call one helper per rule and set the struct field by field:
+# clear, but tens of microseconds per call in Python. The common eager case
+# (CUDA tensors, NVFP4 caches, no v_cache) is checked here in one flat pass
+# and the whole struct is written with one struct.pack_into. It accepts a
+# subset of what _check_fused accepts (python/tests/test_fast_path.py checks
+# that it rejects every case _check_fused rejects and writes the same bytes);
+# anything else falls back to fused_qkv_impl, which raises the precise error.
+_FAST_ORDER = ["struct_size", "m", "k", "nq", "nkv", "niq", "nik", "xq", "xsf", "wq", "wsf", "positions",
+               "max_position", "cos_sin_cache", "q_norm_weight", "k_norm_weight", "index_q_norm_weight",
+               "index_k_norm_weight", "eps", "slot_mapping", "index_slot_mapping", "kv_cache", "kv_page_stride",
+               "num_blocks", "index_cache", "index_page_stride", "num_index_blocks", "block_size", "q_out",
+               "q_fp8_out", "index_q_out", "q_fp8_scale", "k_scale", "v_scale", "cta_group", "use_pdl", "grid",
+               "error_flags"]
+_FAST_EXT = ["kv_cache_dtype", "index_cache_dtype", "v_cache", "kv_token_stride", "kv_head_stride"]
+_U8, _I64, _I32, _BF16 = torch.uint8, torch.int64, torch.int32, torch.bfloat16
+_fast_packer = None
+
+
+def _packer():
+    """struct.Struct for the library's m3qkv_fused_args, derived from the ctypes mirror."""
+    global _fast_packer
+    if _fast_packer is None:
+        lib = _capi.library()
+        cls = _capi.FusedArgs if lib.cache_formats else _capi.FusedArgsV0
+        names = [f for f, _ in cls._fields_]
+        assert names == _FAST_ORDER + (_FAST_EXT if lib.cache_formats else []), "fast path field order"
+        _fast_packer = (_capi.packer(cls), lib.fused_struct_size, lib.cache_formats)
+    return _fast_packer
+
+
+def fused_fast_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
+                    index_k_norm_weight, eps, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
+                    q_out, q_fp8_out, q_fp8_scale, k_scale, v_scale, cta_group, use_pdl, grid, v_cache, nq, nkv, niq,
+                    nik, error_flags):
+    """-> (device index, the struct's field values) when the flat checks pass, else None."""
+    if v_cache is not None or xq is None or wq is None or xq.dtype is not _E4M3 or wq.dtype is not _E4M3:
+        return None
+    dev = xq.get_device()
+    if xq.dim() != 2 or wq.dim() != 2 or not xq.is_contiguous() or not wq.is_contiguous() or wq.get_device() != dev:
+        return None
+    m, k = xq.shape
+    n, k2 = wq.shape
+    if k2 != k or k % 128:
+        return None
+    if nq is None and nkv is None and niq is None and nik is None:
+        h = n // 128
+        if n % 128 or h < 20 or (h - 1) % 19:
+            return None
+        nkv = (h - 1) // 19
+        nq, niq, nik = 16 * nkv, nkv, 1
+    else:
+        if nq is None or nkv is None or niq is None or nik is None or (nq + 2 * nkv + niq + nik) * 128 != n:
+            return None
+    kt = (k // 32 + 3) // 4 * 4
+    for t, want in ((xsf, (m + 127) // 128 * 128 * kt), (wsf, (n + 127) // 128 * 128 * kt)):
+        if t is None or t.dtype is not _U8 or t.get_device() != dev or not t.is_contiguous() or t.numel() != want:
+            return None
+    for t, dt, shape in ((positions, _I64, (m,)), (slot_mapping, _I64, (m,)), (q_norm_weight, _BF16, (128,)),
+                         (k_norm_weight, _BF16, (128,))):
+        if t is None or t.dtype is not dt or t.shape != shape or t.get_device() != dev or not t.is_contiguous():
+            return None
+    if (cos_sin_cache is None or cos_sin_cache.dtype is not _BF16 or cos_sin_cache.dim() != 2 or
+            cos_sin_cache.shape[1] != 64 or cos_sin_cache.get_device() != dev or not cos_sin_cache.is_contiguous()):
+        return None
+    if q_out is None and q_fp8_out is None:
+        return None
+    width = nq * 128
+    for t, dt in ((q_out, _BF16), (q_fp8_out, _E4M3)):
+        if t is not None and (t.dtype is not dt or t.dim() < 1 or t.shape[0] != m or t.numel() != m * width or
+                              t.get_device() != dev or not t.is_contiguous()):
+            return None
+    if (kv_cache is None or kv_cache.dtype is not _U8 or kv_cache.dim() != 4 or kv_cache.get_device() != dev):
+        return None
+    nb, two_nkv, bs, tb = kv_cache.shape
+    ps, s1, s2, s3 = kv_cache.stride()
+    if two_nkv != 2 * nkv or tb != 72 or s1 != bs * 72 or s2 != 72 or s3 != 1:
+        return None
+    iqw = iq = ikw = isl = ix = 0
+    ips = inb = 0
+    if niq:
+        if (index_q_norm_weight is None or index_q_norm_weight.dtype is not _BF16 or
+                index_q_norm_weight.shape != (128,) or index_q_norm_weight.get_device() != dev or
+                not index_q_norm_weight.is_contiguous()):
+            return None
+        if (index_q_out is None or index_q_out.dtype is not _E4M3 or index_q_out.dim() < 1 or
+                index_q_out.shape[0] != m or index_q_out.numel() != m * niq * 128 or
+                index_q_out.get_device() != dev or not index_q_out.is_contiguous()):
+            return None
+        iqw, iq = index_q_norm_weight.data_ptr(), index_q_out.data_ptr()
+    if nik:
+        for t, dt, shape in ((index_k_norm_weight, _BF16, (128,)), (index_slot_mapping, _I64, (m,))):
+            if t is None or t.dtype is not dt or t.shape != shape or t.get_device() != dev or not t.is_contiguous():
+                return None
+        if (index_cache is None or index_cache.dtype is not _U8 or index_cache.dim() != 3 or
+                index_cache.get_device() != dev):
+            return None
+        inb, ibs, itb = index_cache.shape
+        ips, i1, i2 = index_cache.stride()
+        if ibs != bs or itb != 72 or i1 != 72 or i2 != 1:
+            return None
+        ikw, isl, ix = index_k_norm_weight.data_ptr(), index_slot_mapping.data_ptr(), index_cache.data_ptr()
+    ef = 0
+    if error_flags is not None:
+        if (error_flags.dtype not in _FLAG_DTYPES or error_flags.numel() < 1 or error_flags.get_device() != dev or
+                not error_flags.is_contiguous()):
+            return None
+        ef = error_flags.data_ptr()
+    packer, size, ext = _packer()
+    vals = (size, m, k, nq, nkv, niq, nik, xq.data_ptr(), xsf.data_ptr(), wq.data_ptr(), wsf.data_ptr(),
+            positions.data_ptr(), cos_sin_cache.shape[0], cos_sin_cache.data_ptr(), q_norm_weight.data_ptr(),
+            k_norm_weight.data_ptr(), iqw, ikw, eps, slot_mapping.data_ptr(), isl, kv_cache.data_ptr(), ps, nb, ix,
+            ips, inb, bs, q_out.data_ptr() if q_out is not None else 0,
+            q_fp8_out.data_ptr() if q_fp8_out is not None else 0, iq, q_fp8_scale, k_scale, v_scale,
+            0 if cta_group is None else cta_group, 1 if use_pdl else 0, 0 if grid is None else grid, ef)
+    if ext:
+        vals += (_capi.CACHE_NVFP4, _capi.CACHE_NVFP4, 0, 0, 0)
+    return dev, vals
+
+
+def fused_qkv_fast(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
+                   index_k_norm_weight, eps, *, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
+                   q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0, cta_group=None,
+                   use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None):
+    """fused_qkv_impl with the flat checks first (the eager entry point)."""
+    r = fused_fast_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
+                        index_q_norm_weight, index_k_norm_weight, eps, slot_mapping, index_slot_mapping, kv_cache,
+                        index_cache, index_q_out, q_out, q_fp8_out, q_fp8_scale, k_scale, v_scale, cta_group,
+                        use_pdl, grid, v_cache, nq, nkv, niq, nik, error_flags)
+    if r is None or r[0] < 0 or r[0] != _current_device():
+        return fused_qkv_impl(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
+                              index_q_norm_weight, index_k_norm_weight, eps, slot_mapping=slot_mapping,
+                              index_slot_mapping=index_slot_mapping, kv_cache=kv_cache, index_cache=index_cache,
+                              index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out, q_fp8_scale=q_fp8_scale,
+                              k_scale=k_scale, v_scale=v_scale, cta_group=cta_group, use_pdl=use_pdl, grid=grid,
+                              v_cache=v_cache, nq=nq, nkv=nkv, niq=niq, nik=nik, error_flags=error_flags)
+    dev, vals = r
+    a = _struct(_capi.FusedArgs)
+    _packer()[0].pack_into(a, 0, *vals)
+    lib = _capi.library()
+    st = lib.fused_qkv(ctypes.addressof(a), _stream(torch.device("cuda", dev)) if _raw_stream is None else
+                       _raw_stream(dev))
+    if st:
+        raise lib.error(st)
+
+
+_current_device = torch.cuda.current_device
 
 
 def qknorm_rope_kv_insert_impl(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
