@@ -6,13 +6,23 @@
 # Env: M3QKV_CUDA_ARCHS (default "80;90a;100f"), M3QKV_BUILD_DIR (default build),
 #      M3QKV_JOBS (default nproc), CTEST_PARALLEL_LEVEL (default nproc).
 # Exit status: ctest's (configure or build failures exit non-zero before it).
-# GPU tests skip themselves with a message when no GPU is present.
+# GPU tests skip themselves when no GPU is present; the reason is printed once
+# at the end.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/configure_build.sh" run_tests
 echo "run_tests: configured $BUILD (M3QKV_CUDA_ARCHS=$ARCHS)"
 cmake --build "$BUILD" -j "$JOBS"
+log="$BUILD/m3qkv_ctest.log"
 set +e
-ctest --test-dir "$BUILD" --output-on-failure -j "${CTEST_PARALLEL_LEVEL:-$(nproc)}" "$@"
-rc=$?
+ctest --test-dir "$BUILD" --output-on-failure -j "${CTEST_PARALLEL_LEVEL:-$(nproc)}" "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
 set -e
+# ctest lists skipped tests without their output: say once why the GPU tests
+# were skipped, from the skip message of the first one (run again alone).
+skipped=$(grep -cE '^[[:space:]]*[0-9]+ - gpu\..*\(Skipped\)' "$log" || true)
+if ((skipped > 0)); then
+  first=$(grep -m1 -E '^[[:space:]]*[0-9]+ - gpu\..*\(Skipped\)' "$log" | sed -E 's/^[[:space:]]*[0-9]+ - gpu\.([^ ]+).*/\1/')
+  why=$("$BUILD/tests/m3qkv_gpu_tests" --gtest_filter="$first" 2>&1 | grep -A1 ': Skipped$' | tail -1 || true)
+  echo "run_tests: $skipped GPU tests skipped: ${why:-(no skip message from $first)}"
+fi
 exit "$rc"
