@@ -215,9 +215,9 @@ class Library:
     @staticmethod
     def _probe_size(f, layouts):
         # An all-zero struct of each layout, newest first: the library answers
-        # M3QKV_ERROR_STRUCT_SIZE for a size it does not know and another
-        # validation error (k = 0 or m... is invalid) for one it does. Host-only:
-        # validation runs before any device query, nothing is launched.
+        # M3QKV_ERROR_STRUCT_SIZE for a size it does not know, and a later
+        # validation error (k = 0, block_size = 0, ...) for one it does.
+        # Host-only: validation runs before any device query, nothing launches.
         for cls in layouts:
             a = cls()
             a.struct_size = ctypes.sizeof(cls)
