@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import m3qkv
+from m3qkv import _ops
 from m3qkv import reference as ref
 from problems import LAYOUTS, diff_outputs, make_outputs, make_problem, raw_bytes
 
@@ -34,7 +35,9 @@ def counts(p):
 
 
 def run_fused(g, out, flags=None, op=False, **kw):
-    f = torch.ops.m3qkv.fused_qkv if op else m3qkv.fused_qkv
+    """op: False = the module function (eager fast path), True = the dispatcher
+    op, "full" = the full-check kernel that the fast path falls back to."""
+    f = {False: m3qkv.fused_qkv, True: torch.ops.m3qkv.fused_qkv, "full": _ops.fused_qkv_impl}[op]
     f(g["xq"], g["xsf"], g["wq"], g["wsf"], g["positions"], g["cos_sin_cache"], g["q_norm_weight"],
       g["k_norm_weight"], g["index_q_norm_weight"], g["index_k_norm_weight"], g["eps"],
       slot_mapping=g["slot_mapping"], index_slot_mapping=g["index_slot_mapping"], kv_cache=out["kv_cache"],
@@ -75,12 +78,12 @@ def check(p, want, wflags, got, gflags, what=""):
 def test_fused_exact_data_bit_exact(layout, m, block_size, golden_optional):
     p, want, wflags = exact_case(layout, m, block_size)
     g = cuda(p)
-    for op in (False, True):  # the module function (direct) and the dispatcher op
+    for op in (False, True, "full"):  # module function, dispatcher op, full-check kernel
         out = make_outputs(p, POISON, device="cuda")
         flags = torch.zeros(1, dtype=torch.int32, device="cuda")
         run_fused(g, out, flags, op=op, **counts(p))
         torch.cuda.synchronize()
-        check(p, want, wflags, out, flags.item() & 0xFFFFFFFF, "op" if op else "direct")
+        check(p, want, wflags, out, flags.item() & 0xFFFFFFFF, f"path {op}")
     if golden_optional is not None:  # the C golden model on the same exact problem
         gold = make_outputs(p, POISON)
         gflags = golden_optional.fused(p, gold)
