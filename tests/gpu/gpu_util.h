@@ -27,6 +27,19 @@ inline int device_count() {
   return n;
 }
 
+// Why there is no device, in words (for the skip message): cudaGetDeviceCount's
+// error, e.g. cudaErrorInsufficientDriver when no NVIDIA driver is installed.
+inline std::string no_device_reason() {
+  int n = 0;
+  const cudaError_t e = cudaGetDeviceCount(&n);
+  (void)cudaGetLastError();
+  if (e == cudaSuccess) return "cudaGetDeviceCount reports 0 devices";
+  std::string r = std::string("cudaGetDeviceCount failed with ") + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+  if (e == cudaErrorInsufficientDriver || e == cudaErrorNoDevice)
+    r += ": no NVIDIA GPU with a loaded CUDA driver on this machine";
+  return r;
+}
+
 // Compute capability of the current device as 10·major + minor (0 if none).
 inline int device_cc() {
   int dev = 0, major = 0, minor = 0;
@@ -47,7 +60,7 @@ inline std::string cuda_msg(cudaError_t e, const char* what, const char* file, i
 #define M3QKV_REQUIRE_GPU()                                                                         \
   do {                                                                                              \
     if (::m3qkv_gpu::device_count() == 0)                                                           \
-      GTEST_SKIP() << "no CUDA device (cudaGetDeviceCount reports none): GPU test skipped";         \
+      GTEST_SKIP() << "no CUDA device (" << ::m3qkv_gpu::no_device_reason() << "): GPU test skipped"; \
   } while (0)
 
 // Checked CUDA runtime call inside a test (fatal: returns from the test body).

@@ -1,0 +1,101 @@
+"""m3qkv: MiniMax-M3's fused MXFP8 QKV projection + RMSNorm/RoPE/cache-insert
+epilogue, as torch custom ops over the m3qkv C library (ctypes; no torch C++
+extension, so one build works with any torch).
+
+Ops (namespace m3qkv; each is also a function of this module with the same
+signature):
+  torch.ops.m3qkv.fused_qkv(xq, xsf, wq, wsf, positions, cos_sin_cache,
+      q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_norm_weight, eps, *,
+      slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
+      q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0,
+      cta_group=None, use_pdl=True, grid=None, v_cache=None,
+      nq=None, nkv=None, niq=None, nik=None, error_flags=None) -> None
+  torch.ops.m3qkv.qknorm_rope_kv_insert(qkv, positions, ...same epilogue args...) -> None
+  torch.ops.m3qkv.mxfp8_gemm(xq, xsf, wq, wsf, *, use_pdl=True, grid=None) -> bf16 [M, N]
+  torch.ops.m3qkv.mxfp8_quantize(x, *, use_pdl=True) -> (xq e4m3 [M, K], xsf uint8 swizzled scales)
+  torch.ops.m3qkv.backend(device=-1) -> "sm100" | "sm90" | "portable" | "none"
+
+The module functions call the library directly in eager mode (no dispatcher
+round trip: the lowest per-call overhead) and go through torch.ops.m3qkv.*
+when torch.compile, torch.export or a dispatch mode (fake tensors, ...) is
+active. docs/contract.md in the repository describes shapes, layouts, numerics.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _capi, _ops
+from ._capi import (CACHE_BF16, CACHE_FP8, CACHE_NVFP4, FLAG_INDEX_SLOT_OUT_OF_RANGE, FLAG_POSITION_OUT_OF_RANGE,
+                    FLAG_SLOT_OUT_OF_RANGE, M3qkvError, M3qkvRuntimeError, M3qkvValueError, library)
+
+__version__ = "0.1.0"
+__all__ = ["fused_qkv", "qknorm_rope_kv_insert", "mxfp8_gemm", "mxfp8_quantize", "backend", "warmup", "library",
+           "M3qkvError", "M3qkvValueError", "M3qkvRuntimeError", "FLAG_SLOT_OUT_OF_RANGE",
+           "FLAG_INDEX_SLOT_OUT_OF_RANGE", "FLAG_POSITION_OUT_OF_RANGE", "CACHE_NVFP4", "CACHE_FP8", "CACHE_BF16"]
+
+_dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+_tf_mode_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+_is_compiling = torch.compiler.is_compiling
+
+
+def _direct(t) -> bool:
+    """Plain eager call on a plain CUDA tensor: no compiler, no dispatch or
+    torch-function mode (meta, fake and CPU tensors take the dispatcher)."""
+    return type(t) is torch.Tensor and t.is_cuda and not _dispatch_stack_len() and not _tf_mode_enabled()
+
+
+def fused_qkv(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
+              index_k_norm_weight, eps, *, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
+              q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0, cta_group=None, use_pdl=True,
+              grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None) -> None:
+    """The fused op (torch.ops.m3qkv.fused_qkv): writes q_out / q_fp8_out /
+    index_q_out and the K/V/index_k cache entries in place, on the current stream."""
+    f = _ops.fused_qkv_fast if not _is_compiling() and _direct(xq) else torch.ops.m3qkv.fused_qkv
+    f(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
+      index_k_norm_weight, eps, slot_mapping=slot_mapping, index_slot_mapping=index_slot_mapping, kv_cache=kv_cache,
+      index_cache=index_cache, index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out, q_fp8_scale=q_fp8_scale,
+      k_scale=k_scale, v_scale=v_scale, cta_group=cta_group, use_pdl=use_pdl, grid=grid, v_cache=v_cache, nq=nq,
+      nkv=nkv, niq=niq, nik=nik, error_flags=error_flags)
+
+
+def qknorm_rope_kv_insert(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
+                          index_k_norm_weight, eps, *, slot_mapping, index_slot_mapping, kv_cache, index_cache,
+                          index_q_out, q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0,
+                          use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None,
+                          error_flags=None) -> None:
+    """The epilogue alone on a bf16 projection qkv [M, N] (the unfused path)."""
+    f = _ops.qknorm_rope_kv_insert_impl if not _is_compiling() and _direct(qkv) else \
+        torch.ops.m3qkv.qknorm_rope_kv_insert
+    f(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_norm_weight, eps,
+      slot_mapping=slot_mapping, index_slot_mapping=index_slot_mapping, kv_cache=kv_cache, index_cache=index_cache,
+      index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out, q_fp8_scale=q_fp8_scale, k_scale=k_scale,
+      v_scale=v_scale, use_pdl=use_pdl, grid=grid, v_cache=v_cache, nq=nq, nkv=nkv, niq=niq, nik=nik,
+      error_flags=error_flags)
+
+
+def mxfp8_gemm(xq, xsf, wq, wsf, *, use_pdl=True, grid=None) -> torch.Tensor:
+    """bf16 out [M, N] = bf16_rn(acc) of the MXFP8 GEMM."""
+    if not _is_compiling() and _direct(xq):
+        return _ops.mxfp8_gemm_impl(xq, xsf, wq, wsf, use_pdl=use_pdl, grid=grid)
+    return torch.ops.m3qkv.mxfp8_gemm(xq, xsf, wq, wsf, use_pdl=use_pdl, grid=grid)
+
+
+def mxfp8_quantize(x, *, use_pdl=True):
+    """bf16 x [M, K] -> (xq float8_e4m3fn [M, K], xsf uint8 F8_128x4-swizzled e8m0 scales)."""
+    if not _is_compiling() and _direct(x):
+        return _ops.mxfp8_quantize_impl(x, use_pdl=use_pdl)
+    return torch.ops.m3qkv.mxfp8_quantize(x, use_pdl=use_pdl)
+
+
+def backend(device: int = -1) -> str:
+    """The backend m3qkv_fused_qkv uses on `device` (-1: the current one)."""
+    return _ops.backend_impl(device)
+
+
+def warmup(device: int = -1) -> None:
+    """Loads the kernels and sets their shared-memory attributes on `device`
+    ahead of the first call (optional; the first call does it otherwise)."""
+    lib = library()
+    if device < 0:
+        device = torch.cuda.current_device()
+    lib.check(lib.warmup(device))

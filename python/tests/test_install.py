@@ -1,0 +1,42 @@
+"""The package as installed by pip (CI sets M3QKV_EXPECT_INSTALLED=1 after
+`pip install ./python` from a clean clone): imported from site-packages, not
+from the source tree, with the libm3qkv.so that the build put next to it."""
+import os
+import pathlib
+
+import pytest
+
+import m3qkv
+
+INSTALLED = os.environ.get("M3QKV_EXPECT_INSTALLED") == "1"
+
+
+@pytest.mark.skipif(not INSTALLED, reason="M3QKV_EXPECT_INSTALLED=1 not set (a source-tree run)")
+def test_imported_from_the_installed_copy(repo_root):
+    pkg = pathlib.Path(m3qkv.__file__).resolve().parent
+    assert not str(pkg).startswith(str((repo_root / "python").resolve())), f"m3qkv imported from the tree: {pkg}"
+    assert "M3QKV_LIBRARY" not in os.environ, "the installed library must be found without M3QKV_LIBRARY"
+    lib = m3qkv.library()
+    assert pathlib.Path(lib.path).resolve().parent == pkg, lib.path
+    assert (pkg / "libm3qkv.so").stat().st_size > 1_000_000
+    for module in ("_capi.py", "_ops.py", "reference.py", "demo.py"):
+        assert (pkg / module).exists(), module
+
+
+def test_library_exports_the_c_api():
+    lib = m3qkv.library()
+    for name in ("m3qkv_fused_qkv", "m3qkv_qknorm_rope_kv_insert", "m3qkv_mxfp8_gemm", "m3qkv_mxfp8_quantize",
+                 "m3qkv_warmup", "m3qkv_backend", "m3qkv_status_string", "m3qkv_last_error", "m3qkv_backend_name"):
+        assert hasattr(lib._dll, name), name
+    assert lib.status_string(7).decode().startswith("M3QKV_ERROR_INVALID_SHAPE")
+    assert lib.backend_name(2).decode() == "sm90"
+
+
+def test_demo_without_gpu_says_so(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the demo runs for real in the GPU instructions")
+    from m3qkv import demo
+    assert demo.main(["--m", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "no CUDA device" in out and "verdict: NOT RUN" in out
