@@ -390,6 +390,13 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
                   plan.split, plan.grid, static_cast<long long>(plan.units), ctas,
                   static_cast<unsigned long long>(units), static_cast<unsigned long long>(lasts));
       ASSERT_GT(ctas, 0);
+      // The last arrivers one by one (head = unit / split when each CTA has one unit).
+      if (plan.units == plan.grid)
+        for (int k = 0; k < kCtas; ++k)
+          if (at(k, dec::kTrEntry) != 0 && at(k, dec::kTrLastArrivals) != 0)
+            std::printf("[ trace ]   last arriver CTA %3d head %2lld: arrived %7.2f  done %7.2f us\n", k,
+                        static_cast<long long>(k / plan.split), 1e-3 * double(at(k, dec::kTrArrived) - t0),
+                        1e-3 * double(at(k, dec::kTrEpiDone) - t0));
       for (int ev = 0; ev <= dec::kTrEpiDone; ++ev) {
         std::vector<double> v;
         for (int k = 0; k < kCtas; ++k)

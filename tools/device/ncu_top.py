@@ -16,11 +16,19 @@ def main():
     with open(path, newline="") as f:
         rows = [r for r in csv.reader(f)]
     # The header row is the first one naming a "Source" column.
-    hi = next(i for i, r in enumerate(rows) if any(c.strip() == "Source" for c in r))
+    hi = next((i for i, r in enumerate(rows) if any(c.strip() == "Source" for c in r)), None)
+    if hi is None:
+        print("no 'Source' column; first rows:")
+        for r in rows[:5]:
+            print(r[:20])
+        return
     head = [c.strip() for c in rows[hi]]
     body = [r for r in rows[hi + 1:] if len(r) == len(head)]
     src = head.index("Source")
-    samp = next(i for i, c in enumerate(head) if c.startswith("Warp Stall Sampling (All"))
+    samp = next((i for i, c in enumerate(head) if c.startswith("Warp Stall Sampling (All")), None)
+    if samp is None:
+        print("no 'Warp Stall Sampling (All ...)' column; columns:", head)
+        return
     reasons = [i for i, c in enumerate(head) if c.startswith("stall_") or c.startswith("Stall ")]
 
     def num(x):
