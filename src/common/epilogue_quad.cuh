@@ -181,7 +181,7 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
       amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
       amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
       float rc;
-      const uint8_t s8 = nvfp4_group_scale(amax, has_sf, sf, &rc);
+      const uint8_t s8 = nvfp4_group_scale_dev(amax, has_sf, sf, &rc);
       if (to_cache) {
 #pragma unroll
         for (int jj = 2 * g; jj < 2 * g + 2; ++jj)
