@@ -254,6 +254,24 @@ M3_HD uint8_t f32_to_e2m1_satfinite_rn_soft(float f) {
   return static_cast<uint8_t>(sign | c);
 }
 
+// The same function without branches, for the device (the NVFP4 heads'
+// epilogue encodes 32 values per lane): for |f| >= 1 the nearest e2m1 code is
+// the f32 exponent and top mantissa bit rounded to nearest even in the integer
+// domain ((bits + 0x1FFFFF + bit22) >> 22, minus the code of 1.0's offset 252),
+// saturated at 7; below 1 the two ties of the subnormal grid {0, 0.5} and 1.0
+// are compares. Proven equal to f32_to_e2m1_satfinite_rn_soft on all 2^32
+// patterns (GpuConversions.E2m1BranchFreeAllF32Patterns).
+M3_HD uint8_t f32_to_e2m1_satfinite_rn_branchfree(float f) {
+  const uint32_t u = f32_bits(f);
+  const uint32_t au = u & 0x7fffffffu;
+  const uint32_t sign = (u >> 28) & 0x8u;
+  const float a = bits_f32(au);
+  const uint32_t hi = ((au + 0x1fffffu + ((au >> 22) & 1u)) >> 22) - 252u;  // valid for a >= 1
+  const uint32_t lo = (a > 0.25f ? 1u : 0u) + (a >= 0.75f ? 1u : 0u);      // a < 1
+  const uint32_t c = a >= 1.0f ? (hi < 7u ? hi : 7u) : lo;
+  return au > 0x7f800000u ? 0x7u : static_cast<uint8_t>(sign | c);
+}
+
 // --------------------------------------------------- MXFP8 (OCP MX) rule
 // 2^e as an f32 for e in [-149, 127] (exact; subnormal below -126).
 M3_HD float exp2i_f32(int e) {
@@ -323,7 +341,11 @@ M3_HD uint8_t nvfp4_group_scale(float amax, bool has_sf, float sf, float* rc) {
 }
 // One NVFP4 code: e2m1(RZ(value·rc)), magnitude-0 codes stored as +0.
 M3_HD uint8_t nvfp4_encode(float value, float rc) {
+#if defined(__CUDA_ARCH__)
+  const uint8_t c = f32_to_e2m1_satfinite_rn_branchfree(mul_rz(value, rc));
+#else
   const uint8_t c = f32_to_e2m1_satfinite_rn_soft(mul_rz(value, rc));
+#endif
   return (c & 7u) ? c : 0u;
 }
 

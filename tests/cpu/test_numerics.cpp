@@ -379,3 +379,16 @@ TEST(Numerics, MxSharedExponent) {
 }
 
 }  // namespace
+
+// The device NVFP4 path encodes with the branch-free e2m1 encoder: equal to
+// the reference encoder on every f32 bit pattern (host side; the GPU suite
+// repeats it on the device, GpuConversions.E2m1BranchFreeAllF32Patterns).
+TEST(Numerics, E2m1BranchFreeEqualsReferenceOnAllF32Patterns) {
+  uint64_t bad = 0, first = 0;
+  for (uint64_t i = 0; i < (uint64_t{1} << 32); ++i) {
+    const float f = m3qkv::bits_f32(static_cast<uint32_t>(i));
+    if (m3qkv::f32_to_e2m1_satfinite_rn_branchfree(f) != m3qkv::f32_to_e2m1_satfinite_rn_soft(f) && bad++ == 0)
+      first = i;
+  }
+  EXPECT_EQ(bad, 0u) << "first mismatch at f32 bits 0x" << std::hex << first;
+}

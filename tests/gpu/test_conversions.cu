@@ -94,6 +94,19 @@ __global__ void exhaustive_bf16_kernel(uint64_t begin, uint64_t end, Mismatches*
   }
 }
 
+// The branch-free e2m1 encoder the device NVFP4 path uses against the
+// reference one (both run here, on the device).
+__global__ void exhaustive_e2m1_kernel(uint64_t begin, uint64_t end, Mismatches* mm) {
+  const uint64_t stride = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = begin + blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < end; i += stride) {
+    const uint32_t x = static_cast<uint32_t>(i);
+    const float fx = __uint_as_float(x);
+    const uint8_t h = m3qkv::f32_to_e2m1_satfinite_rn_branchfree(fx);
+    const uint8_t r = m3qkv::f32_to_e2m1_satfinite_rn_soft(fx);
+    if (h != r) record(mm, x, h, r);
+  }
+}
+
 __global__ void rcp_e4m3_kernel(float* approx, float* rn) {
   const int code = 1 + static_cast<int>(threadIdx.x);  // 0x01..0x7E
   if (code > 0x7e) return;
@@ -210,6 +223,15 @@ TEST(GpuConversions, Bf16RnAllF32Patterns) {
   RecordProperty("bf16_mismatches", std::to_string(mm.count));
   std::printf("[ cvt ] bf16x2 rn: 2^32 patterns x 2 lanes, %llu mismatches\n", mm.count);
   EXPECT_EQ(mm.count, 0ull) << describe(mm, 4);
+}
+
+TEST(GpuConversions, E2m1BranchFreeAllF32Patterns) {
+  M3QKV_REQUIRE_GPU();
+  Mismatches mm{};
+  run_exhaustive(exhaustive_e2m1_kernel, &mm);
+  if (HasFatalFailure()) return;
+  std::printf("[ cvt ] e2m1 branch-free vs reference: 2^32 patterns, %llu mismatches\n", mm.count);
+  EXPECT_EQ(mm.count, 0ull) << describe(mm, 2);
 }
 
 // The NVFP4 quantizer computes rc = RN(1/s) with s a positive finite e4m3
