@@ -115,8 +115,8 @@ const int64_t kMs[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 
 // The slow TP4-only entries (forced portable, SM90 mainloop variants).
 constexpr int kExtraTp = 4;
 const int64_t kExtraMs[] = {1, 64, 512, 4096};
-// TP4 only: the decode and tile paths of SM90 side by side (the crossover).
-const int64_t kCrossoverMs[] = {64, 128, 256};
+// Every TP: the decode and tile paths of SM90 side by side (the crossover).
+const int64_t kCrossoverMs[] = {32, 64, 128, 256};
 
 const Heads& heads_of(int64_t tp) {
   for (const Heads& h : kHeads)
@@ -1218,7 +1218,7 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
       for (int f = 0; f < kFormats; ++f)
         add(std::string("insert_") + kFormatNames[f], h, m, [f](benchmark::State& st) { bench_insert(st, f); });
 #if M3QKV_WITH_SM90
-      if (sm90_variants && h.tp == kExtraTp)
+      if (sm90_variants)  // every TP: the decode/tile routing rule is read off these
         for (int64_t cm : kCrossoverMs)
           if (cm == m) {
             add("sm90_decode", h, m, [](benchmark::State& st) { bench_sm90_path(st, true); });
