@@ -845,7 +845,7 @@ void bench_sm90_variant(benchmark::State& state, int variant, int epilogue) {
 
 // The SM90 decode kernel with the plan's split, and the tile kernel (variant A,
 // register epilogue, its own split-K) at the same M: the crossover between the
-// two paths (sm90_fused routes M <= kDecodeMaxM to decode).
+// two paths (sm90_fused routes by sm90::decode_preferred, read off these).
 void bench_sm90_path(benchmark::State& state, bool decode) {
   const Heads& h = arg_heads(state);
   const int64_t m = state.range(1);

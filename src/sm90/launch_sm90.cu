@@ -75,7 +75,7 @@ int max_clusters(const Sm90Setup& s, int variant, int epilogue, int split) {
 
 }  // namespace
 
-bool sm90_uses_decode(int64_t m) { return m >= 1 && m <= sm90::kDecodeMaxM; }
+bool sm90_uses_decode(int64_t m, int heads) { return sm90::decode_preferred(m, heads); }
 
 m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                int split) {
@@ -193,7 +193,7 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
-  if (sm90_uses_decode(a.m)) return sm90_fused_decode(a, dev, acc_tap, s, 0);
+  if (sm90_uses_decode(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik))) return sm90_fused_decode(a, dev, acc_tap, s, 0);
   return sm90_fused_variant(a, dev, acc_tap, s, kSm90DefaultVariant, 0, kSm90DefaultEpilogue, 0);
 }
 

@@ -153,3 +153,24 @@ TEST(DecodePermutation, AFragmentAndBTileAgreeAndCoverTheStep) {
 }
 
 }  // namespace
+
+// The routing rule against the crossover it was read from (decode_plan.h,
+// bench/RESULTS.md v6): each measured cell's faster kernel.
+TEST(DecodePlan, RoutingFollowsTheMeasuredCrossover) {
+  using m3qkv::sm90::decode_preferred;
+  struct Cell { int heads; int64_t m; bool decode; };
+  const Cell cells[] = {
+      {12, 32, true},  {12, 64, false}, {12, 128, false}, {12, 256, false},
+      {20, 32, true},  {20, 64, false}, {20, 128, false}, {20, 256, true},
+      {39, 32, true},  {39, 64, false}, {39, 128, true},  {39, 256, true},
+      {77, 32, true},  {77, 64, false}, {77, 128, true},  {77, 256, false},
+  };
+  for (const Cell& c : cells)
+    EXPECT_EQ(decode_preferred(c.m, c.heads), c.decode) << c.heads << " heads, M " << c.m;
+  for (int heads : {12, 20, 39, 77}) {
+    EXPECT_TRUE(decode_preferred(1, heads));
+    EXPECT_TRUE(decode_preferred(16, heads));
+    EXPECT_FALSE(decode_preferred(0, heads));
+    EXPECT_FALSE(decode_preferred(kDecodeMaxM + 1, heads));
+  }
+}

@@ -243,14 +243,16 @@ TEST(Sm90DecodeShapes, OutOfRangeSlotsAndPositionsFlaggedNotWritten_TP1_M200) {
   EXPECT_NE(got.flags & M3QKV_FLAG_POSITION_OUT_OF_RANGE, 0u);
 }
 
-// The public API routes M <= kDecodeMaxM on CC 9.0 to the decode kernel: the
-// same bytes as the forced decode call, and as the golden model.
+// The public API routes small M on CC 9.0 to the decode kernel (the measured
+// crossover, sm90::decode_preferred) and the rest to the tile kernel: either
+// way the golden model's bytes.
 TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
   M3QKV_REQUIRE_SM90_DECODE();
   print_seed_once();
-  ASSERT_TRUE(m3qkv::sm90_uses_decode(1) && m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM));
-  ASSERT_FALSE(m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1));
-  for (int64_t m : {3, 256}) {
+  const int heads = kTP4.nq + 2 * kTP4.nkv + kTP4.niq + kTP4.nik;
+  ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads) && m3qkv::sm90_uses_decode(256, heads));
+  ASSERT_FALSE(m3qkv::sm90_uses_decode(64, heads) || m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1, heads));
+  for (int64_t m : {3, 64, 256}) {
     const Problem p = make_problem(config(kTP4, m, 1024, /*exact=*/true, 16));
     const std::vector<float> acc = golden_acc(p);
     DeviceInputs in;

@@ -43,6 +43,7 @@
 #include "common/problem.h"
 #include "common/test_util.h"
 #include "golden/golden.h"
+#include "sm90/decode_plan.h"  // decode_preferred: which shapes take the decode path
 #include "gpu/gpu_util.h"
 #include "gpu/harness.h"
 
@@ -311,9 +312,11 @@ void capture_replay_one(const GraphCase& c, const Shape& shape, uint64_t seed_ta
   // the per-stream workspace) is what the decode shapes are here for: its
   // workspace is allocated during this capture when the test runs first in
   // its process. A grid of one CTA per head means the plan did not split.
-  if (c.backend == M3QKV_BACKEND_NONE && shape.m <= 64 && auto_is_sm90()) {
+  const Heads& hd = shape.heads;
+  const int heads = hd.nq + 2 * hd.nkv + hd.niq + hd.nik;
+  if (c.backend == M3QKV_BACKEND_NONE && m3qkv::sm90::decode_preferred(shape.m, heads) && auto_is_sm90()) {
     bool split = false;
-    for (const KernelNode& k : nodes) split = split || k.grid.x > 20;  // TP4: 20 heads
+    for (const KernelNode& k : nodes) split = split || k.grid.x > static_cast<unsigned>(heads);
     EXPECT_TRUE(split) << "SM90 did not take the split-K decode path on " << shape_name(shape) << ": "
                        << describe_nodes(nodes, total);
   }
