@@ -1,5 +1,6 @@
-// CPU checks of the SM90 decode kernel's host plan (src/sm90/decode_plan.h)
-// and of its K permutation (src/sm90/decode_config.h), with expectations
+// CPU checks of the split-K decode plan (src/common/splitk_plan.h) with the
+// SM90 decode kernel's target (src/sm90/decode_plan.h) and of its K
+// permutation (src/sm90/decode_config.h), with expectations
 // computed here independently: the round-robin deal of units is enumerated,
 // the A-fragment layout is the PTX ISA's ("Register fragments: wgmma
 // .m64nNk16", matrix A: element e of lane l at row l/4 + 8·((e/2)%2), column
@@ -17,7 +18,7 @@
 
 namespace {
 
-using m3qkv::sm90::DecodePlan;
+using m3qkv::splitk::Plan;
 using m3qkv::sm90::kDecodeMaxM;
 using m3qkv::sm90::plan_decode;
 namespace dec = m3qkv::sm90::decode;
@@ -31,7 +32,7 @@ const Layout kLayouts[] = {{"TP1", 77}, {"TP2", 39}, {"TP4", 20}, {"TP8", 12}, {
 
 // The K stages the busiest CTA walks, by enumerating the deal: CTA b takes
 // units b, b + grid, ...; unit u has split s = u % S, stages [ks·s/S, ks·(s+1)/S).
-int makespan(const DecodePlan& p, int ks) {
+int makespan(const Plan& p, int ks) {
   int worst = 0;
   for (int b = 0; b < p.grid; ++b) {
     int total = 0;
@@ -49,7 +50,7 @@ TEST(DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
     for (int64_t m : {1, 2, 7, 16, 17, 33, 64, 65, 128, 129, 200, 256})
       for (int ks : {1, 2, 4, 16, 48}) {
         SCOPED_TRACE(std::string(l.name) + " M " + std::to_string(m) + " ks " + std::to_string(ks));
-        const DecodePlan p = plan_decode(m, l.heads, ks, 132);
+        const Plan p = plan_decode(m, l.heads, ks, 132);
         ASSERT_GT(p.nt, 0);
         EXPECT_TRUE(p.nt == 16 || p.nt == 32 || p.nt == 64 || p.nt == 128);
         EXPECT_GE(int64_t(p.nt) * p.token_blocks, m);
@@ -67,7 +68,7 @@ TEST(DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
         kp.split = p.split;
         std::vector<int> seen(size_t(l.heads) * p.token_blocks * ks, 0);
         for (int u = 0; u < p.units; ++u) {
-          const dec::Unit w = dec::unit_of(kp, u);
+          const m3qkv::splitk::Unit w = dec::unit_of(kp, u);
           ASSERT_LT(w.k0, w.k1) << "empty unit " << u;
           ASSERT_EQ(u - w.s, ((w.head * p.token_blocks) + w.tb) * p.split) << "units of a head are consecutive";
           for (int k = w.k0; k < w.k1; ++k) ++seen[(size_t(w.head) * p.token_blocks + w.tb) * ks + k];
@@ -85,7 +86,7 @@ TEST(DecodePlan, BusiestSmNearItsShareOfTheWeights) {
   for (const Layout& l : kLayouts)
     for (int64_t m : {1, 16, 64}) {
       const int ks = 48;  // K = 6144
-      const DecodePlan p = plan_decode(m, l.heads, ks, 132);
+      const Plan p = plan_decode(m, l.heads, ks, 132);
       const double share = double(l.heads) * ks / 132.0;
       const int span = makespan(p, ks);
       RecordProperty(std::string(l.name) + "_M" + std::to_string(m) + "_split", p.split);
@@ -94,12 +95,12 @@ TEST(DecodePlan, BusiestSmNearItsShareOfTheWeights) {
                                           << ", busiest CTA " << span << " stages, share " << share;
     }
   // Worked: TP4 (20 heads), K = 6144: split 6 -> 120 CTAs of 8 stages.
-  const DecodePlan tp4 = plan_decode(1, 20, 48, 132);
+  const Plan tp4 = plan_decode(1, 20, 48, 132);
   EXPECT_EQ(tp4.split, 6);
   EXPECT_EQ(tp4.grid, 120);
   EXPECT_EQ(makespan(tp4, 48), 8);
   // TP8 (12 heads): split 10 or 11 -> 120 or 132 CTAs of at most 5 stages.
-  const DecodePlan tp8 = plan_decode(1, 12, 48, 132);
+  const Plan tp8 = plan_decode(1, 12, 48, 132);
   EXPECT_GE(tp8.grid, 120);
   EXPECT_EQ(makespan(tp8, 48), 5);
 }
@@ -111,7 +112,7 @@ TEST(DecodePlan, OverridesAndLimits) {
   EXPECT_EQ(plan_decode(1, 20, 4, 132, 9).split, 4);
   EXPECT_EQ(plan_decode(1, 20, 200, 132, 1000).split, m3qkv::sm90::kDecodeMaxSplit);
   // Grid cap: a persistent grid of 1 CTA walks every unit.
-  const DecodePlan one = plan_decode(64, 20, 48, 132, 3, 1);
+  const Plan one = plan_decode(64, 20, 48, 132, 3, 1);
   EXPECT_EQ(one.grid, 1);
   EXPECT_EQ(one.units, 60);
   EXPECT_EQ(makespan(one, 48), 20 * 48);
