@@ -258,6 +258,7 @@ __global__ void __launch_bounds__(m3qkv::sm100::decode::DecodeConfig<NT>::kNumTh
     }
     ptx::fence_mbarrier_init_release_cluster();  // visible to the async proxy (TMA complete_tx, tcgen05.commit)
   }
+  __syncwarp();  // reconverge warp 0 (elected / thread-0 branches) before the .aligned barrier
   __syncthreads();
 
   // PDL: every read of an input and every write below this point.
