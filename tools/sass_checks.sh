@@ -267,3 +267,39 @@ else
     fi
   fi
 fi
+
+# --- SM100 decode variant (issue 15) ---
+# Kernel m3qkv_sm100_decode_kernel<NT> (src/sm100/decode_sm100.cu), NT = token
+# block = MMA N (32, 64, 128), SASS arch sm_100f, cta_group 1 only. Static
+# counts per kernel (the k-block loop is not unrolled): 4 UTCQMMA (m128nNTk32,
+# one per K = 32 slice of a stage), 2 UTCCP (weight and token scale chunks),
+# 4 UTMALDG.2D (W, X, SFW, SFX) plus 1 UTMAPF.L2.2D (the pre-wait L2 prefetch
+# of the first unit's weights), 2 UTCBAR (stage release, accumulator full),
+# the epilogue's TMEM read: NT/2 columns per warp (LDTM.x16 at NT 32, one
+# LDTM.x32 at 64, two at 128), alloc / relinquish / dealloc (3 UTCATOMSWS), no
+# setmaxnreg (320 threads at 200 registers: __launch_bounds__(320, 1)), no
+# local memory.
+if [[ -z "${HAS_ARCH[sm_100f]:-}" ]]; then
+  skip "sm100 decode kernels" "100f not in M3QKV_CUDA_ARCHS=$CONFIGURED"
+elif ! source_defines m3qkv_sm100_decode_kernel "${SM100_SRCS[@]}"; then
+  skip "sm100 decode kernels" "no source in src/sm100 names m3qkv_sm100_decode_kernel"
+else
+  for nt in 32 64 128; do
+    KD="*m3qkv_sm100_decode_kernel<${nt}>*"
+    case $nt in
+      32) ldtm=(--rule "min:$KD:LDTM\.x16:1" --rule "max:$KD:LDTM.*:1") ;;
+      64) ldtm=(--rule "min:$KD:LDTM\.x32:1" --rule "max:$KD:LDTM.*:1") ;;
+      128) ldtm=(--rule "min:$KD:LDTM\.x32:2" --rule "max:$KD:LDTM.*:2") ;;
+    esac
+    check "sm100: m3qkv_sm100_decode_kernel<${nt}> (decode, m128n${nt}, cta_group 1)" --arch sm_100f \
+      --rule "present:$KD" --rule "no-local:$KD" --rule "max:$KD:LDL|STL:0" \
+      --rule "min:$KD:UTCQMMA:4" --rule "max:$KD:UTCQMMA.*:4" --rule "max:$KD:UTCQMMA\.2CTA:0" \
+      --rule "min:$KD:UTCCP\.T\.S\.4x32dp128bit:2" --rule "max:$KD:UTCCP.*:2" \
+      --rule "min:$KD:UTMALDG\.2D:4" --rule "max:$KD:UTMALDG.*:4" --rule "max:$KD:UTMALDG.*2CTA.*:0" \
+      --rule "min:$KD:UTMAPF\.L2\.2D:1" --rule "max:$KD:UTMAPF.*:1" \
+      --rule "min:$KD:UTCBAR:2" --rule "max:$KD:UTCBAR.*:2" \
+      "${ldtm[@]}" \
+      --rule "min:$KD:UTCATOMSWS.*:3" --rule "max:$KD:USETMAXREG.*:0" \
+      --rule "max-regs:$KD:200"
+  done
+fi

@@ -483,44 +483,37 @@ __device__ __forceinline__ void tcgen05_wait_ld() { __syncwarp(); }
 }  // namespace m3qkv::ptx
 
 // ------------------------------------------------------------ host hooks
-// Test-only entry points (declared weak by tests/gpu/test_sm100_emu.cu).
-// Defined here, in the one translation unit that includes this header
-// (src/sm100/fused_sm100.cu), because the device variables are per TU.
+// Test-only entry points (declared weak by the emulation tests). The model's
+// device state (g_tmem, g_alloc_mask, g_fault, g_trap) is per translation
+// unit: every SM100 kernel file that includes this header (fused_sm100.cu,
+// decode_sm100.cu) has its own copy. Each such TU registers its host-side
+// accessors in one process-wide list (an inline function's static: one
+// object however many TUs include it), and the C hooks, defined in exactly
+// one TU (the one that defines M3QKV_EMU_DEFINE_HOOKS before its includes:
+// fused_sm100.cu), act on every registered TU. What stays per TU: the TMEM
+// allocation bookkeeping, so a decode CTA and a tile CTA never see each
+// other's columns (they cannot share an SM anyway: each needs more than half
+// of its shared memory), and a leak is found by m3qkv_emu_tmem_leaks(), not
+// by the other TU's next allocation.
 #if defined(M3QKV_BUILDING_LIBRARY) && !defined(__CUDA_ARCH__)
-extern "C" __attribute__((visibility("default"))) int m3qkv_emu_present(void) { return 1; }
-extern "C" int m3qkv_emu_trap_record_install(void);
-// Sets the fault-injection XOR masks (0 everywhere = no fault). Returns a cudaError_t.
-extern "C" __attribute__((visibility("default"))) int m3qkv_emu_set_fault(unsigned long long a_desc_xor,
-                                                                           unsigned long long b_desc_xor,
-                                                                           unsigned long long sf_desc_xor,
-                                                                           unsigned int idesc_xor) {
-  m3qkv::ptx::emu::Fault f{a_desc_xor, b_desc_xor, sf_desc_xor, idesc_xor, 0u};
-  const cudaError_t e = cudaMemcpyToSymbol(m3qkv::ptx::emu::g_fault, &f, sizeof(f));
-  if (e != cudaSuccess) return static_cast<int>(e);
-  // The tests call this before their runs: install the trap record's host mirror.
-  return m3qkv_emu_trap_record_install();
-}
-// Number of SMs whose emulated Tensor Memory still has allocated columns
-// (call after the kernels completed); prints them. < 0: CUDA error.
-extern "C" __attribute__((visibility("default"))) int m3qkv_emu_tmem_leaks(void) {
-  uint32_t masks[m3qkv::ptx::emu::kMaxSms];
-  const cudaError_t e = cudaMemcpyFromSymbol(masks, m3qkv::ptx::emu::g_alloc_mask, sizeof(masks));
-  if (e != cudaSuccess) return -static_cast<int>(e);
-  int leaks = 0;
-  for (uint32_t i = 0; i < m3qkv::ptx::emu::kMaxSms; ++i)
-    if (masks[i] != 0) {
-      fprintf(stderr, "[m3qkv tcgen05 emulation] SM %u: TMEM granules %04x still allocated\n", i, masks[i]);
-      ++leaks;
-    }
-  return leaks;
-}
+#include <vector>
 
-// Trap record (emu_common.cuh): device printf is lost when a trap kills the
-// context, so the model's traps also store their key numbers. The record is
-// mirrored into mapped pinned host memory, readable after the context died.
 namespace m3qkv::ptx::emu::host {
-inline TrapRecord* g_host_rec = nullptr;  // mapped pinned, never freed (must outlive a dead context)
-inline bool g_installed[64] = {};
+// The accessors of one TU's device state. Each returns a cudaError_t (leaks:
+// SMs with columns still allocated, or -cudaError_t; read_trap: 1 = a
+// complete record was copied to *r, 0 = none, -cudaError_t).
+struct Unit {
+  int (*set_fault)(const Fault& f);
+  int (*leaks)();
+  int (*install_trap_mirror)(int dev, void* dev_ptr);
+  int (*read_trap)(TrapRecord* r);
+  int (*reset_trap)();
+};
+inline std::vector<Unit>& units() {
+  static std::vector<Unit> v;
+  return v;
+}
+inline TrapRecord* g_host_rec = nullptr;  // mapped pinned, shared by every TU, never freed (must outlive a dead context)
 inline void print_record(const TrapRecord& r, FILE* f) {
   fprintf(f,
           "[m3qkv tcgen05 emulation] trap record (%u trap(s)): ptx/emu line %u, block %u thread %u, cluster rank %u/%u, "
@@ -537,11 +530,79 @@ inline void print_record(const TrapRecord& r, FILE* f) {
 inline void print_at_exit() {
   if (g_host_rec != nullptr && g_host_rec->state == 2u) print_record(*g_host_rec, stderr);
 }
+
+namespace {  // this TU's accessors
+bool g_tu_mirror_installed[64] = {};
+int tu_set_fault(const Fault& f) { return static_cast<int>(cudaMemcpyToSymbol(g_fault, &f, sizeof(f))); }
+int tu_leaks() {
+  uint32_t masks[kMaxSms];
+  const cudaError_t e = cudaMemcpyFromSymbol(masks, g_alloc_mask, sizeof(masks));
+  if (e != cudaSuccess) return -static_cast<int>(e);
+  int leaks = 0;
+  for (uint32_t i = 0; i < kMaxSms; ++i)
+    if (masks[i] != 0) {
+      fprintf(stderr, "[m3qkv tcgen05 emulation] SM %u: TMEM granules %04x still allocated\n", i, masks[i]);
+      ++leaks;
+    }
+  return leaks;
+}
+int tu_install_trap_mirror(int dev, void* dev_ptr) {
+  if (dev >= 0 && dev < 64 && g_tu_mirror_installed[dev]) return 0;
+  const cudaError_t e = cudaMemcpyToSymbol(g_trap_host, &dev_ptr, sizeof(dev_ptr));
+  if (e != cudaSuccess) return static_cast<int>(e);
+  if (dev >= 0 && dev < 64) g_tu_mirror_installed[dev] = true;
+  return 0;
+}
+int tu_read_trap(TrapRecord* r) {
+  const cudaError_t e = cudaMemcpyFromSymbol(r, g_trap, sizeof(*r));
+  if (e != cudaSuccess) return -static_cast<int>(e);
+  return r->state == 2u ? 1 : 0;
+}
+int tu_reset_trap() {
+  TrapRecord z;
+  memset(&z, 0, sizeof(z));
+  return static_cast<int>(cudaMemcpyToSymbol(g_trap, &z, sizeof(z)));
+}
+[[maybe_unused]] const bool g_tu_registered =
+    (units().push_back(Unit{tu_set_fault, tu_leaks, tu_install_trap_mirror, tu_read_trap, tu_reset_trap}), true);
+}  // namespace
 }  // namespace m3qkv::ptx::emu::host
 
-// Installs the host mirror of the trap record for the current device (once per
-// device; m3qkv_emu_set_fault() calls it). A recorded trap is printed at exit.
-// Returns a cudaError_t.
+#if defined(M3QKV_EMU_DEFINE_HOOKS)
+extern "C" __attribute__((visibility("default"))) int m3qkv_emu_present(void) { return 1; }
+extern "C" int m3qkv_emu_trap_record_install(void);
+// Sets the fault-injection XOR masks of every TU (0 everywhere = no fault). Returns a cudaError_t.
+extern "C" __attribute__((visibility("default"))) int m3qkv_emu_set_fault(unsigned long long a_desc_xor,
+                                                                           unsigned long long b_desc_xor,
+                                                                           unsigned long long sf_desc_xor,
+                                                                           unsigned int idesc_xor) {
+  const m3qkv::ptx::emu::Fault f{a_desc_xor, b_desc_xor, sf_desc_xor, idesc_xor, 0u};
+  for (const auto& u : m3qkv::ptx::emu::host::units()) {
+    const int e = u.set_fault(f);
+    if (e != 0) return e;
+  }
+  // The tests call this before their runs: install the trap record's host mirror.
+  return m3qkv_emu_trap_record_install();
+}
+// Number of SMs whose emulated Tensor Memory (of any TU) still has allocated
+// columns (call after the kernels completed); prints them. < 0: CUDA error.
+extern "C" __attribute__((visibility("default"))) int m3qkv_emu_tmem_leaks(void) {
+  int leaks = 0;
+  for (const auto& u : m3qkv::ptx::emu::host::units()) {
+    const int n = u.leaks();
+    if (n < 0) return n;
+    leaks += n;
+  }
+  return leaks;
+}
+// Number of TUs that registered emulation state (tests: every SM100 kernel file).
+extern "C" __attribute__((visibility("default"))) int m3qkv_emu_units(void) {
+  return static_cast<int>(m3qkv::ptx::emu::host::units().size());
+}
+
+// Installs the host mirror of the trap record for the current device in every
+// TU (once per device and TU; m3qkv_emu_set_fault() calls it). A recorded trap
+// is printed at exit. Returns a cudaError_t.
 extern "C" __attribute__((visibility("default"))) int m3qkv_emu_trap_record_install(void) {
   namespace h = m3qkv::ptx::emu::host;
   int dev = 0;
@@ -555,13 +616,13 @@ extern "C" __attribute__((visibility("default"))) int m3qkv_emu_trap_record_inst
     h::g_host_rec = static_cast<m3qkv::ptx::emu::TrapRecord*>(p);
     atexit(h::print_at_exit);
   }
-  if (dev >= 0 && dev < 64 && h::g_installed[dev]) return 0;
   void* dptr = nullptr;
   e = cudaHostGetDevicePointer(&dptr, h::g_host_rec, 0);
   if (e != cudaSuccess) return static_cast<int>(e);
-  e = cudaMemcpyToSymbol(m3qkv::ptx::emu::g_trap_host, &dptr, sizeof(dptr));
-  if (e != cudaSuccess) return static_cast<int>(e);
-  if (dev >= 0 && dev < 64) h::g_installed[dev] = true;
+  for (const auto& u : h::units()) {
+    const int r = u.install_trap_mirror(dev, dptr);
+    if (r != 0) return r;
+  }
   return 0;
 }
 // Describes the first recorded trap into buf (also to stderr when print != 0).
@@ -570,11 +631,15 @@ extern "C" __attribute__((visibility("default"))) int m3qkv_emu_trap_record_inst
 extern "C" __attribute__((visibility("default"))) int m3qkv_emu_last_trap(char* buf, int len, int print) {
   namespace h = m3qkv::ptx::emu::host;
   m3qkv::ptx::emu::TrapRecord r;
+  memset(&r, 0, sizeof(r));
   if (h::g_host_rec != nullptr) {
     memcpy(&r, const_cast<const m3qkv::ptx::emu::TrapRecord*>(h::g_host_rec), sizeof(r));
   } else {
-    const cudaError_t e = cudaMemcpyFromSymbol(&r, m3qkv::ptx::emu::g_trap, sizeof(r));
-    if (e != cudaSuccess) return -static_cast<int>(e);
+    for (const auto& u : h::units()) {
+      const int got = u.read_trap(&r);
+      if (got < 0) return got;
+      if (got == 1) break;
+    }
   }
   if (r.state != 2u) return 0;
   r.fmt[sizeof(r.fmt) - 1] = 0;
@@ -585,12 +650,16 @@ extern "C" __attribute__((visibility("default"))) int m3qkv_emu_last_trap(char* 
   if (print) h::print_record(r, stderr);
   return 1;
 }
-// Clears the record (host mirror and, if the context is alive, the device copy).
+// Clears the record (host mirror and, if the context is alive, every TU's device copy).
 extern "C" __attribute__((visibility("default"))) int m3qkv_emu_trap_record_reset(void) {
   namespace h = m3qkv::ptx::emu::host;
   if (h::g_host_rec != nullptr) memset(h::g_host_rec, 0, sizeof(*h::g_host_rec));
-  m3qkv::ptx::emu::TrapRecord z;
-  memset(&z, 0, sizeof(z));
-  return static_cast<int>(cudaMemcpyToSymbol(m3qkv::ptx::emu::g_trap, &z, sizeof(z)));
+  int rc = 0;
+  for (const auto& u : h::units()) {
+    const int e = u.reset_trap();
+    if (e != 0 && rc == 0) rc = e;
+  }
+  return rc;
 }
+#endif  // M3QKV_EMU_DEFINE_HOOKS
 #endif

@@ -22,6 +22,10 @@
 
 #include <cstdint>
 
+// Emulation builds: this TU defines the C test hooks of the tcgen05 model
+// (ptx/emu/tcgen05_emu.cuh); they act on every SM100 kernel TU's model state.
+#define M3QKV_EMU_DEFINE_HOOKS 1
+
 #include "common/epilogue.cuh"
 #include "host/launch.h"
 #include "ptx/cluster.cuh"

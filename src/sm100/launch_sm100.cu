@@ -1,6 +1,8 @@
-// Host launcher of the SM100 fused kernel (fused_sm100.cu): one-time setup,
-// the plan (plan.h: cta_group, tiles, grouped-M width, persistent grid),
-// tensor maps, params, cluster + PDL launch. Arguments arrive validated with
+// Host launcher of the SM100 kernels: one-time setup, the choice between the
+// tile kernel (fused_sm100.cu; plan.h: cta_group, tiles, grouped-M width,
+// persistent grid) and the decode variant for small M (decode_sm100.cu;
+// splitk_plan.h with decode_config.h's target), tensor maps, params, the
+// decode workspace, cluster + PDL launch. Arguments arrive validated with
 // m > 0 (api.cpp).
 #include <cstdint>
 
@@ -9,7 +11,9 @@
 #include "host/once.h"
 #include "host/tensor_map.h"
 #include "host/timing.h"
+#include "host/workspace.h"
 #include "sm100/config.h"
+#include "sm100/decode_config.h"
 #include "sm100/plan.h"
 #include "sm100/sm100.h"
 
@@ -25,7 +29,8 @@ static_assert(Config<1>::kRowsPerTile == 128 && Config<2>::kRowsPerTile == 256 &
               "plan.h tiles are 128·cta_group rows, K blocks of 128");
 
 // The one-time setup of a context: shared-memory attributes of both tile
-// configurations, and cudaOccupancyMaxActiveClusters of each (asked here
+// configurations and of the decode instances, and
+// cudaOccupancyMaxActiveClusters of each tile configuration (asked here
 // once, not per call; -1 when the query failed: the plan then assumes one
 // cluster per cta_group SMs).
 struct Sm100Setup {
@@ -33,8 +38,10 @@ struct Sm100Setup {
 };
 
 m3qkv_status prepare(const DeviceInfo& dev, const Sm100Setup** out) {
-  constexpr int kNeed =
+  constexpr int kTileNeed =
       static_cast<int>(Config<1>::kSmemBytes > Config<2>::kSmemBytes ? Config<1>::kSmemBytes : Config<2>::kSmemBytes);
+  const int decode_need = static_cast<int>(sm100::decode::decode_smem_bytes_max());
+  const int kNeed = kTileNeed > decode_need ? kTileNeed : decode_need;
   if (dev.max_smem_optin < kNeed)
     return fail(M3QKV_ERROR_UNSUPPORTED_DEVICE,
                 "%s: SM100 kernel needs %d bytes of shared memory per block, device %d allows %d", kFn, kNeed,
@@ -42,6 +49,7 @@ m3qkv_status prepare(const DeviceInfo& dev, const Sm100Setup** out) {
   return host::once(kFn, dev, host::OnceSlot::kSm100, [](Sm100Setup* s) -> m3qkv_status {
     M3QKV_CUDA_TRY(kFn, sm100::set_kernel_attributes<1>());
     M3QKV_CUDA_TRY(kFn, sm100::set_kernel_attributes<2>());
+    M3QKV_CUDA_TRY(kFn, sm100::decode::set_decode_attributes());
     s->resident_clusters[0] = 0;
     s->resident_clusters[1] = sm100::max_active_clusters<1>();
     s->resident_clusters[2] = sm100::max_active_clusters<2>();
@@ -84,7 +92,70 @@ m3qkv_status launch(const m3qkv_fused_args& a, const sm100::Plan& plan, float* a
 
 }  // namespace
 
+m3qkv_status sm100_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
+                                const Sm100DecodeOptions& opt) {
+  namespace dec = sm100::decode;
+  if (a.m < 1 || a.m > dec::kMaxM)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm100_fused_decode: m = %lld is outside [1, %lld]",
+                static_cast<long long>(a.m), static_cast<long long>(dec::kMaxM));
+  if (opt.split < 0)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm100_fused_decode: split = %d must be >= 0 (0 = automatic)", opt.split);
+  const Sm100Setup* setup = nullptr;
+  M3QKV_TRY(prepare(dev, &setup));
+  host::timing_mark(host::Phase::kSetup);
+  const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
+  const int ks = static_cast<int>(a.k / 128);
+  const splitk::Plan plan = sm100::plan_decode(a.m, heads, ks, dev.num_sms, opt.split, a.grid);
+  if (plan.nt == 0 || plan.units > INT32_MAX)
+    return fail(M3QKV_ERROR_INTERNAL, "sm100_fused_decode: no decode plan for m = %lld, %d heads, k = %lld",
+                static_cast<long long>(a.m), heads, static_cast<long long>(a.k));
+  host::timing_mark(host::Phase::kPlan);
+
+  const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
+  const int64_t sf_cols = a.k / kMxBlock;
+  const int64_t sfx_bytes = f8_128x4_bytes(a.m, sf_cols);
+  const int64_t sfw_bytes = f8_128x4_bytes(n, sf_cols);
+  dec::DecodeTensorMaps tm;
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tm.w, "wq", a.wq, a.k, n, a.k, 128, 128, CU_TENSOR_MAP_SWIZZLE_128B));
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tm.x, "xq", a.xq, a.k, a.m, a.k, 128, static_cast<uint32_t>(plan.nt),
+                                        CU_TENSOR_MAP_SWIZZLE_128B));
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tm.sfw, "wsf", a.wsf, 256, sfw_bytes / 256, 256, 256, 2,
+                                        CU_TENSOR_MAP_SWIZZLE_NONE));
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tm.sfx, "xsf", a.xsf, 256, sfx_bytes / 256, 256, 256, 2,
+                                        CU_TENSOR_MAP_SWIZZLE_NONE));
+  host::timing_mark(host::Phase::kTensorMaps);
+
+  dec::DecodeParams p;
+  p.m = static_cast<int32_t>(a.m);
+  p.heads = heads;
+  p.k_stages = ks;
+  p.token_blocks = plan.token_blocks;
+  p.split = plan.split;
+  p.units = static_cast<int32_t>(plan.units);
+  p.counters = nullptr;
+  p.partials = nullptr;
+  if (plan.split > 1) {
+    // The arrival counters lie in the workspace's zeroed head (kernels leave them zero).
+    if (plan.counter_bytes > static_cast<int64_t>(host::kWorkspaceZeroBytes))
+      return fail(M3QKV_ERROR_INTERNAL, "sm100_fused_decode: %lld counter bytes exceed the zeroed workspace head",
+                  static_cast<long long>(plan.counter_bytes));
+    void* ws = nullptr;
+    M3QKV_TRY(host::stream_workspace(dev, s, static_cast<size_t>(plan.workspace_bytes), &ws));
+    p.counters = static_cast<uint32_t*>(ws);
+    p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + plan.counter_bytes);
+  }
+  p.acc_tap = acc_tap;
+  p.n = n;
+  p.epi = epi::make_epilogue_params(a);
+  p.l2_prefetch = a.use_pdl != 0 ? 1 : 0;
+  p.test_skip_split = opt.skip_split;
+  const m3qkv_status st = dec::launch_decode(plan.nt, tm, p, plan.grid, a.use_pdl != 0, s);
+  host::timing_mark(host::Phase::kLaunch);
+  return st;
+}
+
 m3qkv_status sm100_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
+  if (sm100::uses_decode(a.m, a.cta_group)) return sm100_fused_decode(a, dev, acc_tap, s);
   const Sm100Setup* setup = nullptr;
   M3QKV_TRY(prepare(dev, &setup));
   host::timing_mark(host::Phase::kSetup);
@@ -104,7 +175,7 @@ m3qkv_status sm100_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float
 }
 
 m3qkv_status sm100_warmup(const DeviceInfo& dev) {
-  // Setting the attributes loads the module and prepares both tile configs.
+  // Setting the attributes loads the module and prepares every configuration.
   const Sm100Setup* setup = nullptr;
   return prepare(dev, &setup);
 }

@@ -1,16 +1,51 @@
-// Launch plan of the SM100 fused kernel: cta_group, tiles, grouped-M width,
-// persistent grid. Pure host arithmetic (no CUDA) on the shape, the device
-// facts and the cluster occupancy, unit tested on the CPU
-// (tests/cpu/test_plans.cpp); launch_sm100.cu builds the parameters and
-// launches what this says.
+// Launch plans of the SM100 kernels: which kernel (the tile kernel or, for
+// small M, the decode variant), and for the tile kernel cta_group, tiles,
+// grouped-M width and persistent grid; the decode variant's split-K plan is
+// src/common/splitk_plan.h with the target below. Pure host arithmetic (no
+// CUDA) on the shape, the device facts and the cluster occupancy, unit tested
+// on the CPU (tests/cpu/test_plans.cpp, tests/cpu/test_decode_plan.cpp);
+// launch_sm100.cu builds the parameters and launches what this says.
 #pragma once
 
 #include <cstdint>
 
 #include "common/layouts.h"
+#include "common/splitk_plan.h"
 #include "host/status.h"
 
 namespace m3qkv::sm100 {
+
+// ------------------------------------------------------------ decode variant
+namespace decode {
+// Largest M the decode variant takes: one token block (MMA N <= 128,
+// decode_config.h), so every weight byte is streamed from HBM once and enters
+// one SM. (The split-K plan would take two blocks; whether the decode variant
+// still beats the tile kernel at 129..256 tokens, where the tile kernel has
+// 2·heads tiles and no reduction, needs a Blackwell measurement.)
+constexpr int64_t kMaxM = 128;
+// Most splits considered (a unit is at least one 128-K stage).
+constexpr int kMaxSplit = 64;
+// Token blocks NT = 32, 64, 128 (MMA N; not 8 or 16: decode_config.h
+// sfx_col_offset says why). At least 90 % of the SMs stream weights whenever
+// some split allows it (issue 15), else the cost model alone decides.
+constexpr splitk::Target kTarget{{32, 64, 128}, 3, kMaxM, kMaxSplit, 90};
+}  // namespace decode
+
+// The kernel for M tokens and the caller's cta_group (0 = auto, 1, 2): the
+// decode variant for 1 <= M <= decode::kMaxM, where the tile kernel would run
+// one CTA per head (TP4: 20 of 148 SMs) while the work is streaming the
+// weights; unless cta_group 2 is asked for (the decode variant is a 1-SM
+// kernel; pairs stay the tile kernel's).
+inline bool uses_decode(int64_t m, int cta_group) { return m >= 1 && m <= decode::kMaxM && cta_group != 2; }
+
+// The decode variant's plan (heads of 128 rows, K = 128·ks, num_sms SMs;
+// split / grid overrides as splitk::plan).
+inline splitk::Plan plan_decode(int64_t m, int heads, int ks, int num_sms, int split_override = 0,
+                                int grid_override = 0) {
+  return splitk::plan(decode::kTarget, m, heads, ks, num_sms, split_override, grid_override);
+}
+
+// --------------------------------------------------------------- tile kernel
 
 struct PlanInput {
   int64_t m = 0;

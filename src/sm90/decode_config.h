@@ -138,20 +138,9 @@ struct Params {
   int32_t trace_ctas;
 };
 
-// Unit u = (head · token_blocks + token block) · split + s.
-struct Unit {
-  int head, tb, s;
-  int k0, k1;  // K stages [k0, k1)
-};
-__host__ __device__ inline Unit unit_of(const Params& p, int u) {
-  Unit w;
-  w.s = u % p.split;
-  const int ht = u / p.split;
-  w.tb = ht % p.token_blocks;
-  w.head = ht / p.token_blocks;
-  w.k0 = decode_k0(p.k_stages, w.s, p.split);
-  w.k1 = decode_k0(p.k_stages, w.s + 1, p.split);
-  return w;
+// Unit u of this launch (splitk::unit_of: (head · token_blocks + token block) · split + s).
+__host__ __device__ inline splitk::Unit unit_of(const Params& p, int u) {
+  return splitk::unit_of(u, p.token_blocks, p.split, p.k_stages);
 }
 
 // Host entry points of decode_sm90.cu.

@@ -35,6 +35,7 @@
 #include <type_traits>
 
 #include "common/epilogue_quad.cuh"
+#include "common/splitk_reduce.cuh"
 #include "common/layouts.h"
 #include "host/launch.h"
 #include "ptx/elect.cuh"
@@ -85,11 +86,8 @@ __device__ __forceinline__ void fence_regs(uint32_t (&a)[kStepsPerStage][kMmasPe
 // (r % 32)·16 + (r / 32)·4 + c: the 4 scale bytes of row r are one word.
 __device__ __forceinline__ int sf_word_offset(int r) { return (r % 32) * 16 + (r / 32) * 4; }
 
-// The reduction tile T[NT][128] f32, aliasing the B ring: column groups of 8
-// are XOR-swizzled by token (row) bits 0-1, so the epilogue's quad reads (8
-// tokens × the same columns per warp) and the float4 row accesses are free of
-// bank conflicts.
-__device__ __forceinline__ int tile_index(int n, int c) { return n * kHeadRows + (c ^ ((n & 3) << 3)); }
+// The reduction tile T[NT][128] f32 (splitk::tile_index layout) aliases the B ring.
+using splitk::tile_index;
 
 // The A fragments of one stage: rows r and r + 8, physical bytes [16q, 16q+16)
 // of each 64-K step c2 of the stage's weight tile (row-major, 128 B per row,
@@ -171,7 +169,7 @@ __device__ __forceinline__ void producer(const Params& p, const CUtensorMap* tma
   trace_event(p, kTrPdlDone);
   Ring<C::kStages> ring;
   for (int u = blockIdx.x; u < p.units; u += gridDim.x) {
-    const Unit w = unit_of(p, u);
+    const splitk::Unit w = unit_of(p, u);
     const uint8_t* wsf = p.wsf + static_cast<int64_t>(w.head) * p.k_stages * kSfChunk;
     const uint8_t* xsf = p.xsf + static_cast<int64_t>((w.tb * NT) / 128) * p.k_stages * kSfChunk;
     for (int kb = w.k0; kb < w.k1; ++kb) {
@@ -188,12 +186,13 @@ __device__ __forceinline__ void producer(const Params& p, const CUtensorMap* tma
   }
 }
 
-// The end of a unit in the 256 consumer threads: accumulators -> T, partial ->
-// workspace, arrival; the last arriver sums the partials in the order s = 0..S-1
-// and runs the epilogue. Returns after a barrier that frees T / the B ring.
+// The end of a unit in the 256 consumer threads: accumulators -> T, then the
+// shared split-K end (splitk::finish_unit: partial -> workspace, arrival; the
+// last arriver sums the partials in the order s = 0..S-1 and runs the
+// epilogue). Returns after a barrier that frees T / the B ring.
 template <int NT>
-__device__ __forceinline__ bool finish_unit(const Params& p, const Unit& w, int u, float (&acc)[NT / 2], float* T,
-                                            volatile uint32_t* flag) {
+__device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit& w, int u, float (&acc)[NT / 2],
+                                            float* T, volatile uint32_t* flag) {
   const int t = threadIdx.x;
   const int wg = t / kWarpgroup, warp = (t % kWarpgroup) / 32, l = t % 32, q = l % 4;
   const int r0 = 64 * wg + 16 * warp + l / 4;
@@ -205,94 +204,9 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const Unit& w, int 
 #pragma unroll
       for (int b = 0; b < 2; ++b) T[tile_index(8 * j + 2 * q + b, r0 + 8 * h)] = acc[4 * j + 2 * h + b];
   ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-
-  const int mt = min(NT, p.m - w.tb * NT);  // tokens of this block
-  bool last = true;
-  if (p.split > 1) {
-    float* slot = p.partials + static_cast<int64_t>(u) * NT * kHeadRows;
-    for (int i = t; i < mt * (kHeadRows / 4); i += kConsumerThreads) {
-      const int n = i / (kHeadRows / 4), c = 4 * (i % (kHeadRows / 4));
-      *reinterpret_cast<float4*>(slot + n * kHeadRows + c) = *reinterpret_cast<const float4*>(T + tile_index(n, c));
-    }
-    ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-    if (t == 0) {
-      // One device-scope fence covers the whole CTA's partial stores: the
-      // barrier above orders them before it (PTX memory model: fences are
-      // cumulative), then the arrival; the second fence orders the arrival
-      // before the reads of the other units' partials.
-      __threadfence();
-      uint32_t* counter = p.counters + w.head * p.token_blocks + w.tb;
-      const uint32_t arrived = atomicAdd(counter, 1u);
-      const bool is_last = arrived == static_cast<uint32_t>(p.split - 1);
-      if (is_last) *counter = 0u;  // ready for the next launch (stream-ordered after this one)
-      __threadfence();
-      *flag = is_last ? 1u : 0u;
-    }
-    ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-    last = *flag != 0u;
+  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed>(p, w, u, t, T, flag, /*skip_split=*/-1, [&] {
     if (t == 0) trace_event(p, kTrArrived);
-    if (last) {
-      const float* base = p.partials + static_cast<int64_t>(u - w.s) * NT * kHeadRows;
-      for (int i = t; i < mt * (kHeadRows / 4); i += kConsumerThreads) {
-        const int n = i / (kHeadRows / 4), c = 4 * (i % (kHeadRows / 4));
-        // Loads in batches (independent, in flight together), then the sum in
-        // the fixed order s = 0, 1, ... This unit's own partial is read back
-        // from T: the same bits as its slot. (One load at a time: ~1 µs per
-        // split on the last arriver's path, H200 timeline run 3.)
-        constexpr int kBatch = 4;
-        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s0 = 0; s0 < p.split; s0 += kBatch) {
-          float4 v[kBatch];
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j) {
-            const int s = s0 + j < p.split ? s0 + j : w.s;
-            v[j] = s == w.s ? *reinterpret_cast<const float4*>(T + tile_index(n, c))
-                            : __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * NT * kHeadRows +
-                                                                     n * kHeadRows + c));
-          }
-#pragma unroll
-          for (int j = 0; j < kBatch; ++j) {
-            if (s0 + j >= p.split) break;
-            if (s0 + j == 0) {
-              sum = v[j];
-            } else {
-              sum.x = add_rn(sum.x, v[j].x);
-              sum.y = add_rn(sum.y, v[j].y);
-              sum.z = add_rn(sum.z, v[j].z);
-              sum.w = add_rn(sum.w, v[j].w);
-            }
-          }
-        }
-        *reinterpret_cast<float4*>(T + tile_index(n, c)) = sum;
-      }
-      ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-    }
-  }
-  if (last) {
-    // Epilogue: quad t/4 takes token rows t/4, t/4 + 64, ...; lane q holds
-    // columns 8j + 2q + b in y[2j + b] (epi::quad_row_epilogue's layout).
-    const epi::QuadHead head = epi::quad_head(p.epi, w.head, q);
-    for (int n = t / 4; n < NT; n += kConsumerThreads / 4) {  // warp-uniform: NT % 8 == 0
-      const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
-      const bool valid = n < mt;
-      float y[epi::kQuadValues];
-#pragma unroll
-      for (int j = 0; j < kHeadRows / 8; ++j) {
-        const float2 v = *reinterpret_cast<const float2*>(T + tile_index(n, 8 * j + 2 * q));
-        y[2 * j] = v.x;
-        y[2 * j + 1] = v.y;
-      }
-      if (p.acc_tap != nullptr && valid) {
-        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(w.head) * kHeadRows + 2 * q;
-#pragma unroll
-        for (int j = 0; j < kHeadRows / 8; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
-      }
-      epi::quad_row_epilogue(p.epi, head, row, valid, y, q);
-    }
-  }
-  // T is the B ring of the next unit.
-  ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-  return last;
+  });
 }
 
 // One stage of the consumers (both 64-K steps): A set `a` and the stage's B
@@ -374,7 +288,7 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
   uint32_t a0[kStepsPerStage][kMmasPerStep][4], a1[kStepsPerStage][kMmasPerStep][4];
   int units = 0, lasts = 0;
   for (int u = blockIdx.x; u < p.units; u += gridDim.x) {
-    const Unit w = unit_of(p, u);
+    const splitk::Unit w = unit_of(p, u);
     float acc[C::kAccRegs];  // the unit's first wgmma ignores D (scale_d = 0)
     auto stage = [&](int kb, auto& a, auto& a_prev) {
       ptx::mbarrier_wait(full0 + 8 * ring.idx, ring.phase);

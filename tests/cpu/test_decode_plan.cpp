@@ -1,5 +1,8 @@
-// CPU checks of the SM90 decode kernel's host plan (src/sm90/decode_plan.h)
-// and of its K permutation (src/sm90/decode_config.h), with expectations
+// CPU checks of the split-K decode plan (src/common/splitk_plan.h) for its two
+// targets, the SM90 decode kernel (src/sm90/decode_plan.h) and the SM100
+// decode variant (src/sm100/plan.h), of the SM90 K permutation
+// (src/sm90/decode_config.h) and of the SM100 token block's scale-factor
+// column (src/sm100/decode_config.h), with expectations
 // computed here independently: the round-robin deal of units is enumerated,
 // the A-fragment layout is the PTX ISA's ("Register fragments: wgmma
 // .m64nNk16", matrix A: element e of lane l at row l/4 + 8·((e/2)%2), column
@@ -12,12 +15,14 @@
 #include <string>
 #include <vector>
 
+#include "sm100/decode_config.h"
+#include "sm100/plan.h"
 #include "sm90/decode_config.h"
 #include "sm90/decode_plan.h"
 
 namespace {
 
-using m3qkv::sm90::DecodePlan;
+using m3qkv::splitk::Plan;
 using m3qkv::sm90::kDecodeMaxM;
 using m3qkv::sm90::plan_decode;
 namespace dec = m3qkv::sm90::decode;
@@ -31,7 +36,7 @@ const Layout kLayouts[] = {{"TP1", 77}, {"TP2", 39}, {"TP4", 20}, {"TP8", 12}, {
 
 // The K stages the busiest CTA walks, by enumerating the deal: CTA b takes
 // units b, b + grid, ...; unit u has split s = u % S, stages [ks·s/S, ks·(s+1)/S).
-int makespan(const DecodePlan& p, int ks) {
+int makespan(const Plan& p, int ks) {
   int worst = 0;
   for (int b = 0; b < p.grid; ++b) {
     int total = 0;
@@ -49,7 +54,7 @@ TEST(DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
     for (int64_t m : {1, 2, 7, 16, 17, 33, 64, 65, 128, 129, 200, 256})
       for (int ks : {1, 2, 4, 16, 48}) {
         SCOPED_TRACE(std::string(l.name) + " M " + std::to_string(m) + " ks " + std::to_string(ks));
-        const DecodePlan p = plan_decode(m, l.heads, ks, 132);
+        const Plan p = plan_decode(m, l.heads, ks, 132);
         ASSERT_GT(p.nt, 0);
         EXPECT_TRUE(p.nt == 16 || p.nt == 32 || p.nt == 64 || p.nt == 128);
         EXPECT_GE(int64_t(p.nt) * p.token_blocks, m);
@@ -67,7 +72,7 @@ TEST(DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
         kp.split = p.split;
         std::vector<int> seen(size_t(l.heads) * p.token_blocks * ks, 0);
         for (int u = 0; u < p.units; ++u) {
-          const dec::Unit w = dec::unit_of(kp, u);
+          const m3qkv::splitk::Unit w = dec::unit_of(kp, u);
           ASSERT_LT(w.k0, w.k1) << "empty unit " << u;
           ASSERT_EQ(u - w.s, ((w.head * p.token_blocks) + w.tb) * p.split) << "units of a head are consecutive";
           for (int k = w.k0; k < w.k1; ++k) ++seen[(size_t(w.head) * p.token_blocks + w.tb) * ks + k];
@@ -85,7 +90,7 @@ TEST(DecodePlan, BusiestSmNearItsShareOfTheWeights) {
   for (const Layout& l : kLayouts)
     for (int64_t m : {1, 16, 64}) {
       const int ks = 48;  // K = 6144
-      const DecodePlan p = plan_decode(m, l.heads, ks, 132);
+      const Plan p = plan_decode(m, l.heads, ks, 132);
       const double share = double(l.heads) * ks / 132.0;
       const int span = makespan(p, ks);
       RecordProperty(std::string(l.name) + "_M" + std::to_string(m) + "_split", p.split);
@@ -94,12 +99,12 @@ TEST(DecodePlan, BusiestSmNearItsShareOfTheWeights) {
                                           << ", busiest CTA " << span << " stages, share " << share;
     }
   // Worked: TP4 (20 heads), K = 6144: split 6 -> 120 CTAs of 8 stages.
-  const DecodePlan tp4 = plan_decode(1, 20, 48, 132);
+  const Plan tp4 = plan_decode(1, 20, 48, 132);
   EXPECT_EQ(tp4.split, 6);
   EXPECT_EQ(tp4.grid, 120);
   EXPECT_EQ(makespan(tp4, 48), 8);
   // TP8 (12 heads): split 10 or 11 -> 120 or 132 CTAs of at most 5 stages.
-  const DecodePlan tp8 = plan_decode(1, 12, 48, 132);
+  const Plan tp8 = plan_decode(1, 12, 48, 132);
   EXPECT_GE(tp8.grid, 120);
   EXPECT_EQ(makespan(tp8, 48), 5);
 }
@@ -111,7 +116,7 @@ TEST(DecodePlan, OverridesAndLimits) {
   EXPECT_EQ(plan_decode(1, 20, 4, 132, 9).split, 4);
   EXPECT_EQ(plan_decode(1, 20, 200, 132, 1000).split, m3qkv::sm90::kDecodeMaxSplit);
   // Grid cap: a persistent grid of 1 CTA walks every unit.
-  const DecodePlan one = plan_decode(64, 20, 48, 132, 3, 1);
+  const Plan one = plan_decode(64, 20, 48, 132, 3, 1);
   EXPECT_EQ(one.grid, 1);
   EXPECT_EQ(one.units, 60);
   EXPECT_EQ(makespan(one, 48), 20 * 48);
@@ -150,6 +155,163 @@ TEST(DecodePermutation, AFragmentAndBTileAgreeAndCoverTheStep) {
   // Worked: byte 16q + 4s + {0,1} -> the pair (2q, 2q+1) of slice s, 16q + 4s + {2,3} -> (2q+8, 2q+9).
   EXPECT_EQ(dec::decode_logical_col(16 * 3 + 4 * 2 + 0), 16 * 2 + 6);
   EXPECT_EQ(dec::decode_logical_col(16 * 3 + 4 * 2 + 3), 16 * 2 + 8 + 6 + 1);
+}
+
+// ----------------------------------------------------------- SM100 target
+namespace sm100 = m3qkv::sm100;
+
+// Every (head, token block) gets S units whose stage ranges tile [0, ks), as
+// unit_of numbers them; no unit is empty.
+void expect_units_cover(const Plan& p, int heads, int ks) {
+  std::vector<int> seen(size_t(heads) * p.token_blocks * ks, 0);
+  for (int u = 0; u < p.units; ++u) {
+    const m3qkv::splitk::Unit w = m3qkv::splitk::unit_of(u, p.token_blocks, p.split, ks);
+    ASSERT_LT(w.k0, w.k1) << "empty unit " << u;
+    for (int k = w.k0; k < w.k1; ++k) ++seen[(size_t(w.head) * p.token_blocks + w.tb) * ks + k];
+  }
+  for (int v : seen) ASSERT_EQ(v, 1);
+}
+
+// Issue 15: at every TP at least 90 % of the SMs stream weights, on a B200
+// (148 SMs) and a B300-class part (160), at the decode batch sizes; the
+// busiest SM stays near its share of the weight stages.
+TEST(Sm100DecodePlan, NinetyPercentOfTheSmsStreamWeights) {
+  const Layout tps[] = {{"TP1", 77}, {"TP2", 39}, {"TP4", 20}, {"TP8", 12}};
+  for (int sms : {148, 160})
+    for (const Layout& l : tps)
+      for (int64_t m : {1, 16, 64, 128}) {
+        const int ks = 48;  // K = 6144
+        SCOPED_TRACE(std::string(l.name) + " M " + std::to_string(m) + " on " + std::to_string(sms) + " SMs");
+        const Plan p = sm100::plan_decode(m, l.heads, ks, sms);
+        ASSERT_GT(p.nt, 0);
+        EXPECT_EQ(p.token_blocks, 1) << "M <= 128: one token block";
+        EXPECT_EQ(p.nt, m <= 32 ? 32 : m <= 64 ? 64 : 128) << "the narrowest block holding M";
+        EXPECT_LE(p.grid, sms);
+        EXPECT_LE(p.grid, p.units) << "a CTA without a unit streams nothing";
+        EXPECT_GE(10 * p.grid, 9 * sms) << "split " << p.split << ": " << p.grid << " CTAs";
+        ASSERT_NO_FATAL_FAILURE(expect_units_cover(p, l.heads, ks));
+        const double share = double(l.heads) * ks / sms;
+        const int span = makespan(p, ks);
+        std::printf("[ plan ] %3d SMs %s M %3lld: nt %3d split %2d units %3lld grid %3d (%3.0f %%), busiest %2d stages, share %.1f\n",
+                    sms, l.name, static_cast<long long>(m), p.nt, p.split, static_cast<long long>(p.units), p.grid,
+                    100.0 * p.grid / sms, span, share);
+        // M = 128: the last arriver reads S partials of 64 KiB, so the cost
+        // model trades some balance for fewer splits (TP1: 32 stages, share 25).
+        EXPECT_LE(span, 1.3 * share + 1.0) << "split " << p.split << ", grid " << p.grid;
+      }
+  // Worked (B200, K = 6144): TP4 splits 7 -> 140 CTAs of 6-7 stages;
+  // TP8 splits 12 -> 144 CTAs of 4 stages.
+  const Plan tp4 = sm100::plan_decode(1, 20, 48, 148);
+  EXPECT_EQ(tp4.split, 7);
+  EXPECT_EQ(tp4.grid, 140);
+  EXPECT_EQ(makespan(tp4, 48), 7);
+  const Plan tp8 = sm100::plan_decode(1, 12, 48, 148);
+  EXPECT_EQ(tp8.split, 12);
+  EXPECT_EQ(tp8.grid, 144);
+  EXPECT_EQ(makespan(tp8, 48), 4);
+}
+
+// The busy rule overrides the cost model where the partial reads make fewer
+// splits cheaper: TP8 at M = 128 would take 6 splits (72 CTAs, 49 %) by
+// cost alone (the SM90 target, which has no rule, on the same numbers).
+TEST(Sm100DecodePlan, BusyRuleOverridesTheCostModel) {
+  const Plan by_cost = m3qkv::splitk::plan(
+      m3qkv::splitk::Target{{32, 64, 128}, 3, sm100::decode::kMaxM, sm100::decode::kMaxSplit, 0}, 128, 12, 48, 148);
+  EXPECT_EQ(by_cost.split, 6);
+  EXPECT_EQ(by_cost.grid, 72);
+  const Plan ruled = sm100::plan_decode(128, 12, 48, 148);
+  EXPECT_EQ(ruled.split, 12);
+  EXPECT_EQ(ruled.grid, 144);
+  // Unreachable (K = 256: at most 12 × 2 units): the cheapest split of all.
+  const Plan small_k = sm100::plan_decode(1, 12, 2, 148);
+  EXPECT_EQ(small_k.split, 2);
+  EXPECT_EQ(small_k.grid, 24);
+}
+
+TEST(Sm100DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
+  for (const Layout& l : kLayouts)
+    for (int64_t m : {1, 2, 7, 31, 32, 33, 64, 65, 100, 128})
+      for (int ks : {1, 2, 3, 4, 16, 48}) {
+        SCOPED_TRACE(std::string(l.name) + " M " + std::to_string(m) + " ks " + std::to_string(ks));
+        const Plan p = sm100::plan_decode(m, l.heads, ks, 148);
+        ASSERT_GT(p.nt, 0);
+        EXPECT_TRUE(p.nt == 32 || p.nt == 64 || p.nt == 128);
+        EXPECT_GE(p.nt, m);
+        EXPECT_TRUE(p.nt == 32 || p.nt / 2 < m) << "a narrower block would hold M";
+        ASSERT_GE(p.split, 1);
+        ASSERT_LE(p.split, ks);
+        EXPECT_EQ(p.units, int64_t(l.heads) * p.split);
+        EXPECT_EQ(p.grid, std::min<int64_t>(p.units, 148));
+        ASSERT_NO_FATAL_FAILURE(expect_units_cover(p, l.heads, ks));
+        EXPECT_EQ(p.workspace_bytes, p.counter_bytes + p.units * p.nt * 128 * 4);
+      }
+}
+
+TEST(Sm100DecodePlan, OverridesAndLimits) {
+  // Forced splits bypass the busy rule and are clamped to [1, min(ks, 64)].
+  EXPECT_EQ(sm100::plan_decode(1, 20, 48, 148, 2).split, 2);
+  EXPECT_EQ(sm100::plan_decode(1, 20, 48, 148, 2).grid, 40);
+  EXPECT_EQ(sm100::plan_decode(1, 20, 4, 148, 9).split, 4);
+  EXPECT_EQ(sm100::plan_decode(1, 20, 200, 148, 1000).split, sm100::decode::kMaxSplit);
+  // A grid cap: the busy rule counts against the cap (7 CTAs: any split >= 1 fills them).
+  const Plan capped = sm100::plan_decode(7, 20, 48, 148, 0, 7);
+  EXPECT_EQ(capped.grid, 7);
+  EXPECT_EQ(makespan(capped, 48), (capped.units + 6) / 7 * ((48 + capped.split - 1) / capped.split));
+  // The M range: one token block of at most 128 tokens.
+  EXPECT_EQ(sm100::plan_decode(sm100::decode::kMaxM + 1, 20, 48, 148).nt, 0);
+  EXPECT_EQ(sm100::plan_decode(0, 20, 48, 148).nt, 0);
+  EXPECT_EQ(sm100::plan_decode(1, 20, 48, 0).nt, 0);
+}
+
+TEST(Sm100DecodePlan, KernelChoice) {
+  for (int cg : {0, 1}) {
+    EXPECT_TRUE(sm100::uses_decode(1, cg));
+    EXPECT_TRUE(sm100::uses_decode(sm100::decode::kMaxM, cg));
+    EXPECT_FALSE(sm100::uses_decode(sm100::decode::kMaxM + 1, cg));
+    EXPECT_FALSE(sm100::uses_decode(0, cg));
+  }
+  EXPECT_FALSE(sm100::uses_decode(1, 2)) << "cta_group 2 asks for the tile kernel's CTA pairs";
+}
+
+// The scale factors of token block tb: tcgen05.cp.32x128b.warpx4 puts row r of
+// the 512-B chunk at lane r % 32, column r / 32 (F8_128x4 byte (r % 32)·16 +
+// (r / 32)·4 + k); the MMA reads B column n at lane n % 32, column
+// sfx_col_offset + n / 32. Every token of every block must meet its own row.
+TEST(Sm100DecodeLayout, TokenBlockScaleColumns) {
+  for (int nt : {32, 64, 128})
+    for (int tb = 0; tb < 4 * (128 / nt); ++tb)
+      for (int n = 0; n < nt; ++n) {
+        const int row = (tb * nt) % 128 + n;  // the token's row in its chunk
+        const int cp_lane = row % 32, cp_col = row / 32;
+        const int mma_lane = n % 32, mma_col = static_cast<int>(sm100::decode::sfx_col_offset(tb, nt)) + n / 32;
+        ASSERT_EQ(mma_lane, cp_lane) << "nt " << nt << " tb " << tb << " n " << n;
+        ASSERT_EQ(mma_col, cp_col) << "nt " << nt << " tb " << tb << " n " << n;
+        ASSERT_LT(mma_col, 4) << "inside the slot's 4 SFX columns";
+      }
+}
+
+// Budgets of the three instances (decode_config.h static-asserts them; the
+// numbers here are worked by hand for docs/sm100.md).
+TEST(Sm100DecodeLayout, ConfigBudgets) {
+  using C32 = sm100::decode::DecodeConfig<32>;
+  using C64 = sm100::decode::DecodeConfig<64>;
+  using C128 = sm100::decode::DecodeConfig<128>;
+  // stage = W 16384 + X 128·NT + 2 × 512 scale chunks
+  EXPECT_EQ(C32::kStageBytes, 21504u);
+  EXPECT_EQ(C64::kStageBytes, 25600u);
+  EXPECT_EQ(C128::kStageBytes, 33792u);
+  // stages = (232448 − 1024 − 176 − T) / stage, at most 8; T = 512·NT
+  EXPECT_EQ(C32::kStages, 8u);
+  EXPECT_EQ(C64::kStages, 7u);
+  EXPECT_EQ(C128::kStages, 4u);
+  // TMEM: 2·NT accumulator columns + 8 per SF slot, rounded up to a power of 2
+  EXPECT_EQ(C32::kTmemAllocCols, 128u);
+  EXPECT_EQ(C64::kTmemAllocCols, 256u);
+  EXPECT_EQ(C128::kTmemAllocCols, 512u);
+  EXPECT_EQ(C32::kSfSlots, 8u);
+  EXPECT_EQ(C64::kSfSlots, 7u);
+  EXPECT_EQ(C128::kSfSlots, 4u);
+  EXPECT_EQ(C32::kNumThreads, 320u);
 }
 
 }  // namespace

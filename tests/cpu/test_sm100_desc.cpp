@@ -36,6 +36,19 @@ TEST(Sm100Desc, IdescM256N256WorkedValue) {
   EXPECT_EQ(make_idesc_mxf8f6f4(256, 256), 0x10C00000u);
 }
 
+TEST(Sm100Desc, IdescDecodeShapesWorkedValues) {
+  // The decode variant's m128nNT (weights = A, tokens = B, NT = 32 / 64 / 128):
+  // N>>3 = 4 -> 4 << 17 = 0x0008'0000; UE8M0 0x0080'0000; M>>7 = 1 -> 0x0800'0000
+  EXPECT_EQ(make_idesc_mxf8f6f4(128, 32), 0x08880000u);
+  // N>>3 = 8 -> 0x0010'0000
+  EXPECT_EQ(make_idesc_mxf8f6f4(128, 64), 0x08900000u);
+  // K slice 2 of a stage at N = 32: + 2 << 4 + 2 << 29 = 0x4000'0020
+  EXPECT_EQ(m3qkv::sm100::idesc_with_sf_ids(make_idesc_mxf8f6f4(128, 32), 2, 2), 0x48880020u);
+  // PTX ISA §9.7.16.2.1 Table 39, kind::mxf8f6f4 dense cta_group::1: 128xNxK,
+  // N = 8 .. 256 in steps of 8 (the decode variant uses 32, 64, 128).
+  for (int n : {32, 64, 128}) EXPECT_TRUE(m3qkv::sm100::mma_shape_valid(1, 128, n));
+}
+
 TEST(Sm100Desc, IdescScaleFactorIdsWorkedValues) {
   // sub-block k = 3 of a stage: SFB id 3 in bits 4-5 -> 0x30, SFA id 3 in
   // bits 29-30 -> 3 << 29 = 0x6000'0000.  0x08A0'0000 + 0x30 + 0x6000'0000:

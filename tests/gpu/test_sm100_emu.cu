@@ -9,7 +9,10 @@
 //    block size (16, 128) and PDL rotating, slot −1 / out-of-range slots, and
 //    `grid` overrides smaller than the tile count (every CTA loops over many
 //    tiles: both TMEM accumulators, the 32-column overlap at cta_group 2).
-//    After every run no emulated TMEM column may still be allocated.
+//    After every run no emulated TMEM column may still be allocated. (Since
+//    issue 15 the M = 1 cases at cta_group 1 run the decode variant, which
+//    the API picks for M <= 128 unless cta_group is 2: this sweep then checks
+//    that routing; tests/gpu/test_sm100_decode_emu.cu tests the variant.)
 //  - Sm100EmuCacheFormats: FP8 / BF16 KV and index caches (SPEC §4b), both
 //    cta_groups, interleaved / head-major / padded layouts, mixed with NVFP4.
 //  - Sm100EmuLaunch: back-to-back PDL launches (the successor's prologue,

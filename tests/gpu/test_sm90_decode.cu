@@ -355,7 +355,7 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
     m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
     m3qkv::DeviceInfo dev;
     M3QKV_OK(m3qkv::current_device_info(&dev));
-    const m3qkv::sm90::DecodePlan plan =
+    const m3qkv::splitk::Plan plan =
         m3qkv::sm90::plan_decode(c.m, int(p.n() / 128), int(p.k / 128), dev.num_sms);
     Stream s;
     CUDA_OK(s.error());

@@ -1,0 +1,139 @@
+// The end of a split-K decode unit, shared by the SM90 and SM100 decode
+// kernels (src/sm90/decode_sm90.cu, src/sm100/decode_sm100.cu): the unit's
+// f32 partial [nt][128] (already in a shared-memory tile T) goes to its
+// workspace slot, the unit counts itself on its (head, token block) counter,
+// and the unit that arrives last sums the S partials in the fixed order
+// s = 0, 1, ..., S-1 and runs the SPEC §3 epilogue (epi::quad_row_epilogue).
+// Plan and unit numbering: src/common/splitk_plan.h.
+//
+// Why the bytes are the same run to run: the sum of a (head, token block) is
+// always partial 0 + partial 1 + ... in f32 RN, whichever CTA finishes last;
+// only the last arriver's own partial is read from T instead of its slot,
+// which holds the same bits.
+#pragma once
+
+#include <stdint.h>
+
+#include "common/epilogue_quad.cuh"
+#include "common/numerics.h"
+#include "common/splitk_plan.h"
+#include "ptx/sm90_extra.cuh"  // bar_sync
+
+namespace m3qkv::splitk {
+
+constexpr int kHeadCols = 128;  // columns of a head row (= weight rows of a unit)
+
+// The tile T[nt][128] f32: column groups of 8 are XOR-swizzled by token
+// (row) bits 0-1, so the epilogue's quad reads (8 tokens × the same columns
+// per warp) and the float4 row accesses are free of bank conflicts.
+M3_HD int tile_index(int n, int c) { return n * kHeadCols + (c ^ ((n & 3) << 3)); }
+
+// Called by the kThreads threads of the group (t = 0 .. kThreads-1; whole
+// warps, t % 32 = lane) after T holds the unit's partial and the group met at
+// bar.sync kBarrier. `P` provides the launch's fields m, split, token_blocks,
+// counters (zero between launches; the last arriver resets its own), partials
+// ([units][NT][128] f32 slots), acc_tap (test only: f32 [M, n] or null), n
+// and epi. `skip_split` (test only, -1 = none): the last arriver leaves that
+// split's partial out of the sum (the negative test of the bookkeeping).
+// `on_arrived()` runs in every thread once the unit is counted (split > 1;
+// timeline hook). Returns whether this unit was the last arriver; ends with a barrier
+// after which T may be overwritten.
+template <int NT, int kThreads, uint32_t kBarrier, class P, class OnArrived>
+__device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, int t, float* T,
+                                            volatile uint32_t* flag, int skip_split, OnArrived&& on_arrived) {
+  static_assert(kThreads % 32 == 0 && NT % 8 == 0, "whole warps; quads cover 8-token groups");
+  const int q = t % 4;
+  const int mt = min(NT, p.m - w.tb * NT);  // tokens of this block
+  bool last = true;
+  if (p.split > 1) {
+    float* slot = p.partials + static_cast<int64_t>(u) * NT * kHeadCols;
+    for (int i = t; i < mt * (kHeadCols / 4); i += kThreads) {
+      const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
+      *reinterpret_cast<float4*>(slot + n * kHeadCols + c) = *reinterpret_cast<const float4*>(T + tile_index(n, c));
+    }
+    ptx::bar_sync(kBarrier, kThreads);
+    if (t == 0) {
+      // One device-scope fence covers the whole group's partial stores: the
+      // barrier above orders them before it (PTX memory model: fences are
+      // cumulative), then the arrival; the second fence orders the arrival
+      // before the reads of the other units' partials.
+      __threadfence();
+      uint32_t* counter = p.counters + w.head * p.token_blocks + w.tb;
+      const uint32_t arrived = atomicAdd(counter, 1u);
+      const bool is_last = arrived == static_cast<uint32_t>(p.split - 1);
+      if (is_last) *counter = 0u;  // ready for the next launch (stream-ordered after this one)
+      __threadfence();
+      *flag = is_last ? 1u : 0u;
+    }
+    ptx::bar_sync(kBarrier, kThreads);
+    last = *flag != 0u;
+    on_arrived();
+    if (last) {
+      const float* base = p.partials + static_cast<int64_t>(u - w.s) * NT * kHeadCols;
+      for (int i = t; i < mt * (kHeadCols / 4); i += kThreads) {
+        const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
+        // Loads in batches (independent, in flight together), then the sum in
+        // the fixed order s = 0, 1, ... This unit's own partial is read back
+        // from T: the same bits as its slot. (One load at a time: ~1 µs per
+        // split on the last arriver's path, H200 timeline run 3.)
+        constexpr int kBatch = 4;
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+        bool have = false;
+        for (int s0 = 0; s0 < p.split; s0 += kBatch) {
+          float4 v[kBatch];
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j) {
+            const int s = s0 + j < p.split ? s0 + j : w.s;
+            v[j] = s == w.s ? *reinterpret_cast<const float4*>(T + tile_index(n, c))
+                            : __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * NT * kHeadCols +
+                                                                     n * kHeadCols + c));
+          }
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j) {
+            if (s0 + j >= p.split) break;
+            if (s0 + j == skip_split) continue;
+            if (!have) {
+              sum = v[j];
+              have = true;
+            } else {
+              sum.x = add_rn(sum.x, v[j].x);
+              sum.y = add_rn(sum.y, v[j].y);
+              sum.z = add_rn(sum.z, v[j].z);
+              sum.w = add_rn(sum.w, v[j].w);
+            }
+          }
+        }
+        *reinterpret_cast<float4*>(T + tile_index(n, c)) = sum;
+      }
+      ptx::bar_sync(kBarrier, kThreads);
+    }
+  }
+  if (last) {
+    // Epilogue: quad t/4 takes token rows t/4, t/4 + kThreads/4, ...; lane q
+    // holds columns 8j + 2q + b in y[2j + b] (epi::quad_row_epilogue's layout).
+    const epi::QuadHead head = epi::quad_head(p.epi, w.head, q);
+    for (int n = t / 4; n < NT; n += kThreads / 4) {  // warp-uniform: NT % 8 == 0
+      const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
+      const bool valid = n < mt;
+      float y[epi::kQuadValues];
+#pragma unroll
+      for (int j = 0; j < kHeadCols / 8; ++j) {
+        const float2 v = *reinterpret_cast<const float2*>(T + tile_index(n, 8 * j + 2 * q));
+        y[2 * j] = v.x;
+        y[2 * j + 1] = v.y;
+      }
+      if (p.acc_tap != nullptr && valid) {
+        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(w.head) * kHeadCols + 2 * q;
+#pragma unroll
+        for (int j = 0; j < kHeadCols / 8; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
+      }
+      epi::quad_row_epilogue(p.epi, head, row, valid, y, q);
+    }
+  }
+  // T is reused by the next unit.
+  ptx::bar_sync(kBarrier, kThreads);
+  return last;
+}
+
+}  // namespace m3qkv::splitk
