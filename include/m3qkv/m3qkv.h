@@ -423,8 +423,10 @@ M3QKV_API const char* m3qkv_backend_name(m3qkv_backend_kind kind);
  * M from 1 to 300, one and several tiles; NVFP4, FP8 and BF16 caches;
  * out-of-range slots and positions), and every output byte, the bytes around
  * each output and error_flags are compared with the CPU golden model and with
- * the portable backend. Runs synchronously in the device's primary context on
- * a stream of its own, and leaves the caller's current context and device,
+ * the portable backend, whatever the backend choice (M3QKV_BACKEND and
+ * m3qkv_set_backend do not change what it tests). Runs synchronously in the
+ * device's primary context on a stream of its own, and leaves the caller's
+ * current context and device,
  * the CUDA last error and the device's memory as they were: its buffers and
  * the split-K workspace of its stream are freed before it returns (the
  * kernels' code, loaded on first use as by any call, stays). Well under a
