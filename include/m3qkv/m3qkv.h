@@ -89,7 +89,17 @@ typedef enum m3qkv_status {
   /* A size computation would overflow 64-bit arithmetic or a kernel limit. */
   M3QKV_ERROR_TOO_LARGE = 8,
   /* A bug in m3qkv (should never be returned). */
-  M3QKV_ERROR_INTERNAL = 9
+  M3QKV_ERROR_INTERNAL = 9,
+  /* m3qkv_selftest, or m3qkv_warmup in self-test mode: a kernel wrote wrong
+     bytes (or could not run) on the built-in problems; the report and
+     m3qkv_last_error() name the kernel and its first wrong byte. */
+  M3QKV_ERROR_SELFTEST_FAILED = 10,
+  /* Not an error. m3qkv_warmup in self-test mode (M3QKV_SELFTEST_ON_WARMUP=1)
+     found that the automatic backend of the device failed its self-test and
+     switched m3qkv_fused_qkv on that device to the next backend that passed
+     (slower, correct output); m3qkv_last_error() says which and why, and
+     m3qkv_backend() reports the backend now in use. */
+  M3QKV_WARNING_BACKEND_FALLBACK = 11
 } m3qkv_status;
 
 typedef enum m3qkv_backend_kind {
@@ -98,6 +108,22 @@ typedef enum m3qkv_backend_kind {
   M3QKV_BACKEND_SM90 = 2,     /* CC 9.0: TMA + wgmma fused kernel */
   M3QKV_BACKEND_SM100 = 3     /* CC 10.x: tcgen05 fused kernel */
 } m3qkv_backend_kind;
+
+/*
+ * Backend choice of m3qkv_fused_qkv (the unfused ops always run the portable
+ * kernels). In order:
+ *   1. m3qkv_set_backend(device, kind), or the fallback of m3qkv_warmup in
+ *      self-test mode (M3QKV_WARNING_BACKEND_FALLBACK);
+ *   2. the environment variable M3QKV_BACKEND = auto | portable | sm90 | sm100
+ *      (read once, at the first call that needs it; unset or "" = auto);
+ *   3. automatic: CC 10.x -> sm100 (when built with 100f), CC 9.0 -> sm90,
+ *      any other CC >= 8.0 -> portable.
+ * An explicit choice is never replaced silently: an unknown M3QKV_BACKEND
+ * value makes every m3qkv_fused_qkv, m3qkv_backend and m3qkv_warmup call fail
+ * with M3QKV_ERROR_INVALID_ARGUMENT, and a backend that this library lacks or
+ * that cannot run on the call's device with M3QKV_ERROR_UNSUPPORTED_DEVICE,
+ * each with a message naming the setting.
+ */
 
 /* Bits set (atomicOr) in *error_flags by the device-side guards (SPEC §6). */
 #define M3QKV_FLAG_SLOT_OUT_OF_RANGE 0x1u       /* slot_mapping[t] >= num_blocks·block_size: not written */
@@ -297,6 +323,64 @@ typedef struct m3qkv_quantize_args {
   int32_t use_pdl;    /* 0 or 1 */
 } m3qkv_quantize_args;
 
+/*
+ * Self-test report (m3qkv_selftest). Start with `size_t struct_size =
+ * sizeof(m3qkv_selftest_report)`; the library fills the rest. Versioned like
+ * the args structs: fields are only ever appended, a later library writes
+ * only the fields of the caller's struct_size, and any other struct_size is
+ * M3QKV_ERROR_STRUCT_SIZE (nothing written).
+ */
+typedef enum m3qkv_selftest_result {
+  M3QKV_SELFTEST_NOT_AVAILABLE = 0, /* not run: not compiled in, or the device cannot run it (message says which) */
+  M3QKV_SELFTEST_PASS = 1,          /* every byte of every output of every problem equals the golden model's */
+  M3QKV_SELFTEST_FAIL = 2,          /* a byte differs: problem / output / offset / expected / got name the first */
+  M3QKV_SELFTEST_ERROR = 3          /* the kernel could not run (a launch or CUDA error): message */
+} m3qkv_selftest_result;
+
+#define M3QKV_SELFTEST_MAX_ENTRIES 16
+
+/* One kernel of one backend on the built-in problems. */
+typedef struct m3qkv_selftest_entry {
+  int32_t backend;  /* m3qkv_backend_kind */
+  /* Which kernel of the backend: portable 0; sm90 0 = the tile kernel
+     (what M > 256 runs), 1 = the decode kernel (M <= 256); sm100: the
+     cta_group, 1 or 2. */
+  int32_t variant;
+  int32_t result;   /* m3qkv_selftest_result */
+  int32_t problems; /* problems it ran (the decode kernel takes only M <= 256) */
+  int64_t time_us;  /* wall time: uploads, launches, downloads, comparison */
+  /* The first wrong byte (result FAIL; otherwise problem = -1, offset = -1,
+     expected = got = -1, output = ""). */
+  int32_t problem;  /* index into the built-in problems, 0 ... report.problems - 1 */
+  /* 1: every output byte equals the portable backend's; 0: some differ;
+     -1: not compared (this is portable, or portable did not run). On exact
+     data both must equal the golden model, so 0 with result PASS means the
+     portable backend failed. */
+  int32_t portable_agrees;
+  /* Byte offset in `output`; negative or >= its size: a byte of the guard
+     zones around it (a write outside the buffer). */
+  int64_t offset;
+  int64_t wrong_bytes;   /* bytes that differ, over every output of every problem */
+  int32_t expected;      /* the golden byte (0 ... 255) */
+  int32_t got;           /* the kernel's byte */
+  char name[32];         /* "portable", "sm90 tile", "sm90 decode", "sm100 cta_group 1", ... */
+  char output[32];       /* "q_out", "q_fp8_out", "index_q_out", "kv_cache", "v_cache", "index_cache", "error_flags" */
+  char message[192];     /* why not available, the error, or the first wrong byte in words */
+} m3qkv_selftest_entry;
+
+typedef struct m3qkv_selftest_report {
+  size_t struct_size;  /* = sizeof(m3qkv_selftest_report), set by the caller */
+  int32_t status;      /* m3qkv_status, the value m3qkv_selftest returned */
+  int32_t device;
+  int32_t cc_major;
+  int32_t cc_minor;
+  int32_t problems;    /* built-in problems (exact data: TP4, TP8, TP2, dense; M 1 ... 300; every cache format) */
+  int32_t num_entries; /* entries[0 ... num_entries - 1]: every kernel this library knows, run or not */
+  int64_t total_us;    /* wall time of the whole call, the golden model on the CPU included */
+  char message[256];   /* one line: the verdict, or the first failure */
+  m3qkv_selftest_entry entries[M3QKV_SELFTEST_MAX_ENTRIES];
+} m3qkv_selftest_report;
+
 /* The fused op (SPEC §2-§4). Asynchronous on `stream`. */
 M3QKV_API m3qkv_status m3qkv_fused_qkv(const m3qkv_fused_args* args, cudaStream_t stream);
 /* RMSNorm + RoPE + q outputs + cache insert (any cache format) on a bf16 projection. */
@@ -305,9 +389,24 @@ M3QKV_API m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args
 M3QKV_API m3qkv_status m3qkv_mxfp8_gemm(const m3qkv_gemm_args* args, cudaStream_t stream);
 /* bf16 -> MXFP8 activation quantizer (OCP MX rule). */
 M3QKV_API m3qkv_status m3qkv_mxfp8_quantize(const m3qkv_quantize_args* args, cudaStream_t stream);
-/* Load modules and set shared-memory attributes for `device` ahead of the first call. */
+/*
+ * Load modules and set shared-memory attributes for `device` ahead of the
+ * first call. Self-test mode (M3QKV_SELFTEST_ON_WARMUP=1 in the environment,
+ * read once; "0" or unset = off, any other value = M3QKV_ERROR_INVALID_ARGUMENT):
+ * it also runs the self-test (m3qkv_selftest) of the backend m3qkv_fused_qkv
+ * would use on the device. Automatic backend passes: M3QKV_SUCCESS. It fails:
+ * the next backend in the automatic order that can run there (sm100 -> sm90
+ * -> portable) and passes becomes the device's backend, and the call returns
+ * M3QKV_WARNING_BACKEND_FALLBACK with the reason in m3qkv_last_error(); none
+ * passes: M3QKV_ERROR_SELFTEST_FAILED. A backend chosen explicitly
+ * (m3qkv_set_backend, M3QKV_BACKEND) that fails is M3QKV_ERROR_SELFTEST_FAILED
+ * and stays chosen: no explicit choice is replaced. Each such warmup tests
+ * again (an automatic backend that passes again is used again). Costs one
+ * self-test of that backend: well under a second.
+ */
 M3QKV_API m3qkv_status m3qkv_warmup(int device);
-/* The backend m3qkv_fused_qkv uses on `device`. */
+/* The backend m3qkv_fused_qkv uses on `device` (see "Backend choice"):
+   M3QKV_BACKEND_NONE when the device has none. */
 M3QKV_API m3qkv_status m3qkv_backend(int device, m3qkv_backend_kind* out);
 /* Static text for a status (never NULL). */
 M3QKV_API const char* m3qkv_status_string(m3qkv_status status);
@@ -315,6 +414,40 @@ M3QKV_API const char* m3qkv_status_string(m3qkv_status status);
 M3QKV_API const char* m3qkv_last_error(void);
 /* Name of a backend kind (never NULL). */
 M3QKV_API const char* m3qkv_backend_name(m3qkv_backend_kind kind);
+
+/*
+ * Self-test of `device` (run this first on a new kind of GPU): every kernel of
+ * every backend this library has for the device (portable; sm90 tile and
+ * decode kernels on CC 9.0; sm100 at cta_group 1 and 2 on CC 10.x) runs the
+ * built-in exact-data problems (TP4, TP8, TP2 with its odd head count, dense;
+ * M from 1 to 300, one and several tiles; NVFP4, FP8 and BF16 caches;
+ * out-of-range slots and positions), and every output byte, the bytes around
+ * each output and error_flags are compared with the CPU golden model and with
+ * the portable backend, whatever the backend choice (M3QKV_BACKEND and
+ * m3qkv_set_backend do not change what it tests). Runs synchronously in the
+ * device's primary context on a stream of its own, and leaves the caller's
+ * current context and device,
+ * the CUDA last error and the device's memory as they were: its buffers and
+ * the split-K workspace of its stream are freed before it returns (the
+ * kernels' code, loaded on first use as by any call, stays). Well under a
+ * second on an H200 after the first call of a process.
+ * Returns M3QKV_SUCCESS when every kernel that can run passed,
+ * M3QKV_ERROR_SELFTEST_FAILED when one failed (the report says which and the
+ * first wrong byte; m3qkv_last_error() says the same in words),
+ * M3QKV_ERROR_UNSUPPORTED_DEVICE without a usable GPU or backend, else the
+ * error that stopped it. report->status is the returned status.
+ */
+M3QKV_API m3qkv_status m3qkv_selftest(int device, m3qkv_selftest_report* report);
+
+/*
+ * Chooses the backend of m3qkv_fused_qkv on `device` for the rest of the
+ * process (calls that start after it returns): M3QKV_BACKEND_PORTABLE, _SM90,
+ * _SM100, or M3QKV_BACKEND_NONE to go back to M3QKV_BACKEND / the automatic
+ * choice. A backend this library lacks or that cannot run on the device is
+ * M3QKV_ERROR_UNSUPPORTED_DEVICE, another value M3QKV_ERROR_INVALID_ARGUMENT;
+ * nothing changes then. m3qkv_backend reports the choice.
+ */
+M3QKV_API m3qkv_status m3qkv_set_backend(int device, m3qkv_backend_kind kind);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -14,6 +14,8 @@ signature):
   torch.ops.m3qkv.mxfp8_gemm(xq, xsf, wq, wsf, *, use_pdl=True, grid=None) -> bf16 [M, N]
   torch.ops.m3qkv.mxfp8_quantize(x, *, use_pdl=True) -> (xq e4m3 [M, K], xsf uint8 swizzled scales)
   torch.ops.m3qkv.backend(device=-1) -> "sm100" | "sm90" | "portable" | "none"
+Also m3qkv.selftest(device=0) -> dict (run it first on a new kind of GPU) and
+m3qkv.warmup(device).
 
 The module functions call the library directly in eager mode (no dispatcher
 round trip: the lowest per-call overhead) and go through torch.ops.m3qkv.*
@@ -26,11 +28,13 @@ import torch
 
 from . import _capi, _ops
 from ._capi import (CACHE_BF16, CACHE_FP8, CACHE_NVFP4, FLAG_INDEX_SLOT_OUT_OF_RANGE, FLAG_POSITION_OUT_OF_RANGE,
-                    FLAG_SLOT_OUT_OF_RANGE, M3qkvError, M3qkvRuntimeError, M3qkvValueError, library)
+                    FLAG_SLOT_OUT_OF_RANGE, M3qkvError, M3qkvFallbackWarning, M3qkvRuntimeError, M3qkvValueError,
+                    library)
 
 __version__ = "0.1.0"
-__all__ = ["fused_qkv", "qknorm_rope_kv_insert", "mxfp8_gemm", "mxfp8_quantize", "backend", "warmup", "library",
-           "M3qkvError", "M3qkvValueError", "M3qkvRuntimeError", "FLAG_SLOT_OUT_OF_RANGE",
+__all__ = ["fused_qkv", "qknorm_rope_kv_insert", "mxfp8_gemm", "mxfp8_quantize", "backend", "warmup", "selftest",
+           "library", "M3qkvError", "M3qkvValueError", "M3qkvRuntimeError", "M3qkvFallbackWarning",
+           "FLAG_SLOT_OUT_OF_RANGE",
            "FLAG_INDEX_SLOT_OUT_OF_RANGE", "FLAG_POSITION_OUT_OF_RANGE", "CACHE_NVFP4", "CACHE_FP8", "CACHE_BF16"]
 
 _dispatch_stack_len = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
@@ -94,8 +98,35 @@ def backend(device: int = -1) -> str:
 
 def warmup(device: int = -1) -> None:
     """Loads the kernels and sets their shared-memory attributes on `device`
-    ahead of the first call (optional; the first call does it otherwise)."""
+    ahead of the first call (optional; the first call does it otherwise).
+    With M3QKV_SELFTEST_ON_WARMUP=1 in the environment it also self-tests the
+    backend it would use; when that backend fails and a slower one passes, the
+    slower one is used from then on and an M3qkvFallbackWarning says so."""
     lib = library()
     if device < 0:
         device = torch.cuda.current_device()
-    lib.check(lib.warmup(device))
+    status = lib.warmup(device)
+    if status == _capi.WARNING_BACKEND_FALLBACK:
+        import warnings
+        warnings.warn(M3qkvFallbackWarning((lib.last_error() or b"").decode("utf-8", "replace")), stacklevel=2)
+        return
+    lib.check(status)
+
+
+def selftest(device: int = 0) -> dict:
+    """m3qkv_selftest: every kernel the library has for `device` runs its
+    built-in exact-data problems and every output byte is compared with the
+    CPU golden model and the portable kernel (well under a second; nothing is
+    left allocated). Returns
+      {"passed": bool, "status": "M3QKV_SUCCESS" | "M3QKV_ERROR_SELFTEST_FAILED",
+       "device", "compute_capability": (major, minor), "problems", "total_us",
+       "message": the verdict in one line,
+       "kernels": [{"name": "sm90 decode", "backend", "variant",
+                    "result": "pass" | "fail" | "error" | "not available",
+                    "problems", "time_us", "portable_agrees": bool | None,
+                    "first_wrong_byte": None | {"problem", "output", "offset",
+                                                "expected", "got", "wrong_bytes"},
+                    "message"}, ...]}
+    A kernel that fails does not raise (look at "passed"); no usable GPU, a
+    CUDA error or an old library raise M3qkvRuntimeError / ImportError."""
+    return library().selftest_of(device)

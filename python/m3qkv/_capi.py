@@ -24,6 +24,8 @@ ERROR_STRUCT_SIZE = 6
 ERROR_INVALID_SHAPE = 7
 ERROR_TOO_LARGE = 8
 ERROR_INTERNAL = 9
+ERROR_SELFTEST_FAILED = 10
+WARNING_BACKEND_FALLBACK = 11
 
 STATUS_NAMES = {
     0: "M3QKV_SUCCESS",
@@ -36,6 +38,8 @@ STATUS_NAMES = {
     7: "M3QKV_ERROR_INVALID_SHAPE",
     8: "M3QKV_ERROR_TOO_LARGE",
     9: "M3QKV_ERROR_INTERNAL",
+    10: "M3QKV_ERROR_SELFTEST_FAILED",
+    11: "M3QKV_WARNING_BACKEND_FALLBACK",
 }
 # Bad arguments are the caller's to fix (ValueError); the rest come from the
 # device, the driver or m3qkv itself (RuntimeError).
@@ -70,7 +74,13 @@ class M3qkvValueError(M3qkvError, ValueError):
 
 
 class M3qkvRuntimeError(M3qkvError, RuntimeError):
-    """CUDA_ERROR, UNSUPPORTED_DEVICE, INTERNAL."""
+    """CUDA_ERROR, UNSUPPORTED_DEVICE, INTERNAL, SELFTEST_FAILED."""
+
+
+class M3qkvFallbackWarning(UserWarning):
+    """m3qkv.warmup in self-test mode (M3QKV_SELFTEST_ON_WARMUP=1): the automatic
+    backend failed its self-test and a slower one that passed is used now
+    (M3QKV_WARNING_BACKEND_FALLBACK); the message says which and why."""
 
 
 # ------------------------------------------------------------------ structs
@@ -132,6 +142,19 @@ QUANTIZE_FIELDS = [
 ]
 
 
+# The self-test report (m3qkv_selftest_report); read, never packed.
+SELFTEST_MAX_ENTRIES = 16
+SELFTEST_RESULTS = {0: "not available", 1: "pass", 2: "fail", 3: "error"}
+SELFTEST_ENTRY_FIELDS = [
+    ("backend", c_int32), ("variant", c_int32), ("result", c_int32), ("problems", c_int32),
+    ("time_us", c_int64),
+    ("problem", c_int32), ("portable_agrees", c_int32),
+    ("offset", c_int64), ("wrong_bytes", c_int64),
+    ("expected", c_int32), ("got", c_int32),
+    ("name", ctypes.c_char * 32), ("output", ctypes.c_char * 32), ("message", ctypes.c_char * 192),
+]
+
+
 def packer(cls) -> "struct.Struct":
     """A struct.Struct that writes every field of the ctypes mirror `cls` at its
     offset (native byte order, explicit padding): one pack_into call fills a
@@ -158,6 +181,12 @@ FusedArgs = _struct("m3qkv_fused_args", FUSED_FIELDS + CACHE_FORMAT_FIELDS)
 InsertArgs = _struct("m3qkv_insert_args", INSERT_FIELDS + CACHE_FORMAT_FIELDS)
 GemmArgs = _struct("m3qkv_gemm_args", GEMM_FIELDS)
 QuantizeArgs = _struct("m3qkv_quantize_args", QUANTIZE_FIELDS)
+SelftestEntry = _struct("m3qkv_selftest_entry", SELFTEST_ENTRY_FIELDS)
+SelftestReport = _struct("m3qkv_selftest_report", [
+    ("struct_size", c_size_t), ("status", c_int32), ("device", c_int32), ("cc_major", c_int32),
+    ("cc_minor", c_int32), ("problems", c_int32), ("num_entries", c_int32), ("total_us", c_int64),
+    ("message", ctypes.c_char * 256), ("entries", SelftestEntry * SELFTEST_MAX_ENTRIES),
+])
 # The released v0.1 layouts (no cache-format fields).
 FusedArgsV0 = _struct("m3qkv_fused_args_v0", FUSED_FIELDS)
 InsertArgsV0 = _struct("m3qkv_insert_args_v0", INSERT_FIELDS)
@@ -168,6 +197,8 @@ STRUCTS = {
     "insert": (InsertArgs, [InsertArgs, InsertArgsV0]),
     "gemm": (GemmArgs, [GemmArgs]),
     "quantize": (QuantizeArgs, [QuantizeArgs]),
+    "selftest_entry": (SelftestEntry, [SelftestEntry]),
+    "selftest_report": (SelftestReport, [SelftestReport]),
 }
 
 
@@ -206,6 +237,15 @@ class Library:
         self.status_string = fn("m3qkv_status_string", c_int, restype=ctypes.c_char_p)
         self.last_error = fn("m3qkv_last_error", restype=ctypes.c_char_p)
         self.backend_name = fn("m3qkv_backend_name", c_int, restype=ctypes.c_char_p)
+        # Newer entry points: None in a library built before them.
+        self.selftest = getattr(dll, "m3qkv_selftest", None)
+        if self.selftest is not None:
+            self.selftest.argtypes = [c_int, ctypes.POINTER(SelftestReport)]
+            self.selftest.restype = c_int
+        self.set_backend = getattr(dll, "m3qkv_set_backend", None)
+        if self.set_backend is not None:
+            self.set_backend.argtypes = [c_int, c_int]
+            self.set_backend.restype = c_int
 
         self.fused_struct_size = self._probe_size(self.fused_qkv, STRUCTS["fused"][1])
         self.insert_struct_size = self._probe_size(self.qknorm_rope_kv_insert, STRUCTS["insert"][1])
@@ -235,6 +275,32 @@ class Library:
     def check(self, status: int) -> None:
         if status:
             raise self.error(status)
+
+    def selftest_of(self, device: int) -> dict:
+        """m3qkv_selftest(device) as a dict (see m3qkv.selftest)."""
+        if self.selftest is None:
+            raise ImportError(f"m3qkv: {self.path} has no m3qkv_selftest (built before it existed)")
+        r = SelftestReport()
+        r.struct_size = ctypes.sizeof(SelftestReport)
+        status = self.selftest(device, ctypes.byref(r))
+        if status not in (SUCCESS, ERROR_SELFTEST_FAILED):
+            raise self.error(status)
+        text = lambda b: b.decode("utf-8", "replace")  # noqa: E731
+        kernels = []
+        for e in r.entries[:r.num_entries]:
+            kernels.append({
+                "name": text(e.name), "backend": BACKEND_NAMES.get(e.backend, f"kind {e.backend}"),
+                "variant": e.variant, "result": SELFTEST_RESULTS.get(e.result, f"result {e.result}"),
+                "problems": e.problems, "time_us": e.time_us,
+                "portable_agrees": None if e.portable_agrees < 0 else bool(e.portable_agrees),
+                "first_wrong_byte": None if e.result != 2 else {
+                    "problem": e.problem, "output": text(e.output), "offset": e.offset, "expected": e.expected,
+                    "got": e.got, "wrong_bytes": e.wrong_bytes},
+                "message": text(e.message),
+            })
+        return {"passed": status == SUCCESS, "status": STATUS_NAMES.get(status, f"status {status}"),
+                "device": r.device, "compute_capability": (r.cc_major, r.cc_minor), "problems": r.problems,
+                "total_us": r.total_us, "message": text(r.message), "kernels": kernels}
 
     def backend_of(self, device: int) -> str:
         out = ctypes.c_int(0)

@@ -1,4 +1,4 @@
-"""python -m m3qkv.demo [--m M] [--reps R] [--seed S] [--q bf16|fp8|both]
+"""python -m m3qkv.demo [--m M] [--reps R] [--seed S] [--q bf16|fp8|both] [--selftest]
 
 The Python counterpart of tools/run_demo.sh: one MiniMax-M3 TP4 step
 (K = 6144, nq 16, nkv 1, niq 1, nik 1 -> N = 2560, NVFP4 caches with
@@ -16,6 +16,9 @@ block_size 128, M tokens, default 256) through the torch ops:
     accumulator is exact on any hardware): every output byte must be equal;
  4. time per call from CUDA events with L2 flushed before each call, and the
     host time of one eager call.
+With --selftest it runs only m3qkv.selftest() (every kernel of the library on
+the current GPU vs the golden model: the first thing to run on a new GPU) and
+prints one line per kernel.
 Exit code 0 = pass, 1 = a check failed, 3 = no usable GPU / library error.
 """
 from __future__ import annotations
@@ -128,13 +131,46 @@ def compare(want, got, exact: bool):
     return ok, lines
 
 
+def print_selftest(r) -> None:
+    cc = "%d.%d" % r["compute_capability"]
+    print(f"self-test (m3qkv.selftest) on device {r['device']}, CC {cc}: {r['problems']} built-in exact-data "
+          f"problems, {r['total_us'] / 1000:.1f} ms")
+    for k in r["kernels"]:
+        detail = k["message"]
+        if k["result"] == "pass":
+            detail = "every byte = golden" + (" = portable" if k["portable_agrees"] else "") + \
+                (f"; {detail}" if detail else "")
+        time = "-" if k["result"] == "not available" else f"{k['time_us'] / 1000:.2f} ms"
+        print(f"  {k['name']:<18} {k['result'].upper() if k['result'] != 'not available' else k['result']:<13} "
+              f"{k['problems'] if k['result'] != 'not available' else '-':>8} {time:>10}  {detail}")
+    print(f"  => {r['status']}: {r['message']}")
+
+
+def run_selftest() -> int:
+    import m3qkv
+    if not torch.cuda.is_available():
+        print("m3qkv self-test: no CUDA device (torch.cuda.is_available() is False): nothing to test")
+        return 3
+    try:
+        r = m3qkv.selftest(torch.cuda.current_device())
+    except (m3qkv.M3qkvError, ImportError) as e:
+        print(f"m3qkv self-test: {e}")
+        return 3
+    print_selftest(r)
+    return 0 if r["passed"] else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m m3qkv.demo", description=__doc__.split("\n\n")[0])
     ap.add_argument("--m", type=int, default=256, help="tokens (default 256)")
     ap.add_argument("--reps", type=int, default=20, help="timed calls (default 20)")
     ap.add_argument("--seed", type=int, default=0, help="data seed (default: random, printed)")
     ap.add_argument("--q", choices=["bf16", "fp8", "both"], default="both", help="q outputs to write (default both)")
+    ap.add_argument("--selftest", action="store_true",
+                    help="run only m3qkv.selftest() on the current GPU and print its report")
     a = ap.parse_args(argv)
+    if a.selftest:
+        return run_selftest()
     if a.m < 1 or a.reps < 1:
         ap.error("--m and --reps must be >= 1")
     seed = a.seed or random.SystemRandom().randrange(1, 2**31)
@@ -149,6 +185,8 @@ def main(argv=None) -> int:
     from m3qkv import reference as ref
     dev = torch.device("cuda", torch.cuda.current_device())
     try:
+        r = m3qkv.selftest(torch.cuda.current_device())
+        print_selftest(r)
         backend = m3qkv.backend()
         m3qkv.warmup()
     except m3qkv.M3qkvError as e:
@@ -158,7 +196,7 @@ def main(argv=None) -> int:
     print(f"device {dev.index}: {prop.name} (CC {prop.major}.{prop.minor}, {prop.multi_processor_count} SMs), "
           f"backend: {backend}, library {m3qkv.library().path}")
     g = torch.Generator().manual_seed(seed)
-    ok = True
+    ok = r["passed"]
 
     # 1 + 2: random activations
     p = build(a.m, False, g, dev, q_bf16, q_fp8)

@@ -26,7 +26,8 @@ def test_imported_from_the_installed_copy(repo_root):
 def test_library_exports_the_c_api():
     lib = m3qkv.library()
     for name in ("m3qkv_fused_qkv", "m3qkv_qknorm_rope_kv_insert", "m3qkv_mxfp8_gemm", "m3qkv_mxfp8_quantize",
-                 "m3qkv_warmup", "m3qkv_backend", "m3qkv_status_string", "m3qkv_last_error", "m3qkv_backend_name"):
+                 "m3qkv_warmup", "m3qkv_backend", "m3qkv_status_string", "m3qkv_last_error", "m3qkv_backend_name",
+                 "m3qkv_selftest", "m3qkv_set_backend"):
         assert hasattr(lib._dll, name), name
     assert lib.status_string(7).decode().startswith("M3QKV_ERROR_INVALID_SHAPE")
     assert lib.backend_name(2).decode() == "sm90"

@@ -14,7 +14,8 @@ from m3qkv import _capi
 
 HEADER = "include/m3qkv/m3qkv.h"
 C_NAMES = {"fused": "m3qkv_fused_args", "insert": "m3qkv_insert_args", "gemm": "m3qkv_gemm_args",
-           "quantize": "m3qkv_quantize_args"}
+           "quantize": "m3qkv_quantize_args", "selftest_entry": "m3qkv_selftest_entry",
+           "selftest_report": "m3qkv_selftest_report"}
 
 
 def header_fields(text, struct):
@@ -28,6 +29,7 @@ def header_fields(text, struct):
         decl = decl.strip()
         if not decl:
             continue
+        decl = re.sub(r"\s*\[\s*\w+\s*\]$", "", decl)  # an array: its name
         dm = re.fullmatch(r"[A-Za-z_][\w\s\*]*?[\s\*]([A-Za-z_]\w*)", decl)
         assert dm, f"{struct}: cannot parse the declaration {decl!r}"
         names.append(dm.group(1))

@@ -12,6 +12,14 @@
 extern "C" m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_tap,
                                                 m3qkv_backend_kind force_backend, cudaStream_t stream);
 
+// Test-only fault (host/fault.h): after every fused launch of `backend`
+// (m3qkv_fused_qkv, m3qkv_selftest, m3qkv_warmup's self-test), byte `offset`
+// of `output` ("q_out", "q_fp8_out" or "index_q_out") is XOR-ed with
+// `xor_mask` (1 ... 255) in device memory, on the call's stream (which it
+// synchronizes: not under capture). backend = M3QKV_BACKEND_NONE clears it.
+extern "C" m3qkv_status m3qkv_testing_inject_fault(m3qkv_backend_kind backend, const char* output, long long offset,
+                                                   unsigned xor_mask);
+
 // Host-cost breakdown (host/timing.h): with timing on (for every thread;
 // off by default), each entry point records the ns spent in each phase of
 // the host path; m3qkv_testing_host_phases writes those of this thread's
@@ -20,9 +28,11 @@ extern "C" void m3qkv_testing_host_timing(int enable);
 extern "C" int m3qkv_testing_host_phases(unsigned long long* ns, int capacity);
 extern "C" const char* m3qkv_testing_host_phase_name(int phase);
 
-// Dispatch rule (api.cpp): CC 10.x -> sm100_fused when M3QKV_WITH_SM100;
-// CC 9.0 -> sm90_fused when M3QKV_WITH_SM90 && M3QKV_HAVE_SM90_KERNEL (the
-// Hopper kernel defines that macro in CMake when it lands); any CC >= 8.0 ->
-// portable; else M3QKV_ERROR_UNSUPPORTED_DEVICE. m3qkv_mxfp8_gemm,
-// m3qkv_qknorm_rope_kv_insert and m3qkv_mxfp8_quantize always use the
-// portable kernels.
+// Dispatch rule (api.cpp): an explicit choice first (m3qkv_set_backend or the
+// warmup's self-test fallback, then M3QKV_BACKEND: host/backend_choice.h),
+// checked against the build and the device; else CC 10.x -> sm100_fused when
+// M3QKV_WITH_SM100; CC 9.0 -> sm90_fused when M3QKV_WITH_SM90 &&
+// M3QKV_HAVE_SM90_KERNEL (the Hopper kernel defines that macro in CMake);
+// any CC >= 8.0 -> portable; else M3QKV_ERROR_UNSUPPORTED_DEVICE.
+// m3qkv_mxfp8_gemm, m3qkv_qknorm_rope_kv_insert and m3qkv_mxfp8_quantize
+// always use the portable kernels.

@@ -16,6 +16,9 @@ const char* m3qkv_status_string(m3qkv_status status) {
     case M3QKV_ERROR_INVALID_SHAPE: return "M3QKV_ERROR_INVALID_SHAPE: a shape or head-count rule fails";
     case M3QKV_ERROR_TOO_LARGE: return "M3QKV_ERROR_TOO_LARGE: a size exceeds 64-bit arithmetic or a kernel limit";
     case M3QKV_ERROR_INTERNAL: return "M3QKV_ERROR_INTERNAL: internal error in m3qkv";
+    case M3QKV_ERROR_SELFTEST_FAILED: return "M3QKV_ERROR_SELFTEST_FAILED: a kernel failed the self-test (wrong bytes or no run)";
+    case M3QKV_WARNING_BACKEND_FALLBACK:
+      return "M3QKV_WARNING_BACKEND_FALLBACK: not an error: the self-test failed the automatic backend, a slower one that passed is used";
   }
   return "unknown m3qkv_status";
 }

@@ -35,6 +35,11 @@ struct Workspace {
   void* ptr = nullptr;
   size_t bytes = 0;
 };
+// An outgrown workspace and the stream key it belonged to.
+struct RetiredWorkspace {
+  unsigned long long stream_key = 0;
+  void* ptr = nullptr;
+};
 
 struct ContextState {
   unsigned long long id = 0;
@@ -46,7 +51,7 @@ struct ContextState {
   // Stream workspaces (host/workspace.cpp), under workspace_mu.
   std::mutex workspace_mu;
   std::unordered_map<unsigned long long, Workspace> workspaces;  // by stream key (workspace.cpp)
-  std::vector<void*> retired;           // outgrown buffers, kept (workspace.cpp says why)
+  std::vector<RetiredWorkspace> retired;  // outgrown buffers, kept (workspace.cpp says why)
   cudaStream_t zero_stream = nullptr;   // non-blocking stream of this context for the zeroing
 };
 

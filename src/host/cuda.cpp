@@ -14,13 +14,17 @@ namespace {
 // default arguments or C++ overloads.
 cudaError_t rt_malloc(void** p, size_t bytes) { return cudaMalloc(p, bytes); }
 cudaError_t rt_memset_async(void* p, int v, size_t bytes, cudaStream_t s) { return cudaMemsetAsync(p, v, bytes, s); }
+cudaError_t rt_memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  return cudaMemcpyAsync(dst, src, bytes, kind, s);
+}
 
 // The real table before the driver part is resolved, and after: built
 // completely, then published through g_table, so no reader sees it change.
 const Cuda g_runtime_only = {
     &cudaGetLastError, &cudaGetDeviceCount, &cudaGetDevice, &cudaSetDevice, &cudaDeviceGetAttribute,
     &cudaDriverGetVersion, &cudaStreamGetId, &cudaStreamIsCapturing, &rt_malloc, &cudaFree, &rt_memset_async,
-    &cudaStreamCreateWithFlags, &cudaStreamSynchronize, &cudaStreamDestroy, &cudaThreadExchangeStreamCaptureMode,
+    &rt_memcpy_async, &cudaStreamCreateWithFlags, &cudaStreamSynchronize, &cudaStreamDestroy,
+    &cudaThreadExchangeStreamCaptureMode,
     false, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
     nullptr,
 };

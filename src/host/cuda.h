@@ -29,6 +29,7 @@ struct Cuda {
   cudaError_t (*malloc)(void**, size_t);
   cudaError_t (*free)(void*);
   cudaError_t (*memset_async)(void*, int, size_t, cudaStream_t);
+  cudaError_t (*memcpy_async)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
   cudaError_t (*stream_create_with_flags)(cudaStream_t*, unsigned);
   cudaError_t (*stream_synchronize)(cudaStream_t);
   cudaError_t (*stream_destroy)(cudaStream_t);

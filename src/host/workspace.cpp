@@ -81,11 +81,43 @@ m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
     want = (want + kAlign - 1) / kAlign * kAlign;
     void* p = nullptr;
     M3QKV_TRY(allocate(c, st, want, &p));
-    if (ws.ptr != nullptr) st.retired.push_back(ws.ptr);
+    if (ws.ptr != nullptr) st.retired.push_back(RetiredWorkspace{key, ws.ptr});
     ws = Workspace{p, want};
   }
   t_last = LastWorkspace{gen, st.id, key, ws};
   *out = ws.ptr;
+  return M3QKV_SUCCESS;
+}
+
+m3qkv_status release_stream_workspace(const DeviceInfo& dev, cudaStream_t stream) {
+  if (dev.context == nullptr) return fail(M3QKV_ERROR_INTERNAL, "%s: DeviceInfo without a context", kFn);
+  ContextState& st = *dev.context;
+  const Cuda& c = cuda_unresolved();
+  unsigned long long key = 0;
+  M3QKV_TRY(stream_key(c, stream, &key));
+  std::lock_guard<std::mutex> lock(st.workspace_mu);
+  // This thread's cache may name the buffer; other threads' caches cannot
+  // (the caller owns the stream and made every call on it from this thread).
+  if (t_last.context == st.id && t_last.stream == key) t_last = LastWorkspace{};
+  cudaError_t first = cudaSuccess;
+  const auto drop = [&](void* p) {
+    const cudaError_t e = c.free(p);
+    if (first == cudaSuccess) first = e;
+  };
+  const auto it = st.workspaces.find(key);
+  if (it != st.workspaces.end()) {
+    drop(it->second.ptr);
+    st.workspaces.erase(it);
+  }
+  for (size_t i = 0; i < st.retired.size();) {
+    if (st.retired[i].stream_key == key) {
+      drop(st.retired[i].ptr);
+      st.retired.erase(st.retired.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+  if (first != cudaSuccess) return cuda_fail(kFn, "cudaFree of a stream workspace", first);
   return M3QKV_SUCCESS;
 }
 
@@ -107,7 +139,7 @@ void release_workspaces() {
     if (st != nullptr && c->ctx_push_current(ctx) == CUDA_SUCCESS) {
       std::lock_guard<std::mutex> lock(st->workspace_mu);
       for (auto& kv : st->workspaces) (void)c->free(kv.second.ptr);
-      for (void* p : st->retired) (void)c->free(p);
+      for (const RetiredWorkspace& r : st->retired) (void)c->free(r.ptr);
       if (st->zero_stream != nullptr) (void)c->stream_destroy(st->zero_stream);
       st->workspaces.clear();
       st->retired.clear();

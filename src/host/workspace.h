@@ -37,9 +37,17 @@ constexpr size_t kWorkspaceZeroBytes = size_t{64} << 10;
 //    nothing and takes no lock on the thread that used it last (O(1)
 //    otherwise): two CUDA queries (cudaStreamIsCapturing, cudaStreamGetId).
 //  - Freed at process exit for the primary contexts still alive then (so
-//    leak checkers stay quiet); buffers of a context that died went with it.
+//    leak checkers stay quiet); buffers of a context that died went with it;
+//    release_stream_workspace frees one stream's before then.
 // Call with dev from enter_* (its context current).
 m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out);
+
+// Frees the workspaces of (dev.context, stream), the current one and any it
+// outgrew, so that a caller that destroys its stream leaves no device memory
+// behind (m3qkv_selftest: its own stream). Only for a stream whose work is
+// finished and on which no other thread calls m3qkv; a later call on it gets
+// a fresh (zeroed) workspace. Call with dev from enter_*.
+m3qkv_status release_stream_workspace(const DeviceInfo& dev, cudaStream_t stream);
 
 // Frees every workspace of each device's live primary context (runs once at
 // process exit; public for the CPU test).

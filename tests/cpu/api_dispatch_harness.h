@@ -49,6 +49,11 @@ struct LaunchLog {
   const float* acc_tap = nullptr;
   cudaStream_t stream = nullptr;
   m3qkv_status result = M3QKV_SUCCESS;  // what the launchers return
+  std::vector<int> cta_groups;          // of every fused launch
+  // When set, every fused launcher also runs this on its arguments (the
+  // self-test tests: a "kernel" that writes the golden bytes into the fake
+  // device memory); its status is the launcher's.
+  m3qkv_status (*emulate)(const char* what, const m3qkv_fused_args&) = nullptr;
   void reset() { *this = LaunchLog{}; }
 };
 LaunchLog& launch_log() {
@@ -66,13 +71,21 @@ m3qkv_status record(const char* what, const m3qkv::DeviceInfo& d, const float* t
   return M3QKV_SUCCESS;
 }
 
+m3qkv_status record_fused(const char* what, const m3qkv_fused_args& a, const m3qkv::DeviceInfo& d, const float* tap,
+                          cudaStream_t s) {
+  launch_log().cta_groups.push_back(a.cta_group);
+  const m3qkv_status st = record(what, d, tap, s);
+  if (st != M3QKV_SUCCESS || launch_log().emulate == nullptr) return st;
+  return launch_log().emulate(what, a);
+}
+
 }  // namespace
 
 namespace m3qkv {
 namespace {
-[[maybe_unused]] m3qkv_status fake_portable_fused(const m3qkv_fused_args&, const DeviceInfo& d, float* t,
+[[maybe_unused]] m3qkv_status fake_portable_fused(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,
                                                   cudaStream_t s) {
-  return record("portable_fused", d, t, s);
+  return record_fused("portable_fused", a, d, t, s);
 }
 [[maybe_unused]] m3qkv_status fake_portable_gemm(const m3qkv_gemm_args&, const DeviceInfo& d, cudaStream_t s) {
   return record("portable_gemm", d, nullptr, s);
@@ -84,12 +97,21 @@ namespace {
                                                      cudaStream_t s) {
   return record("portable_quantize", d, nullptr, s);
 }
-[[maybe_unused]] m3qkv_status fake_sm90_fused(const m3qkv_fused_args&, const DeviceInfo& d, float* t, cudaStream_t s) {
-  return record("sm90_fused", d, t, s);
+[[maybe_unused]] m3qkv_status fake_sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,
+                                              cudaStream_t s) {
+  return record_fused("sm90_fused", a, d, t, s);
 }
-[[maybe_unused]] m3qkv_status fake_sm100_fused(const m3qkv_fused_args&, const DeviceInfo& d, float* t,
+[[maybe_unused]] m3qkv_status fake_sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,
+                                                      cudaStream_t s, int, int, int, int) {
+  return record_fused("sm90_fused_variant", a, d, t, s);
+}
+[[maybe_unused]] m3qkv_status fake_sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,
+                                                     cudaStream_t s, int) {
+  return record_fused("sm90_fused_decode", a, d, t, s);
+}
+[[maybe_unused]] m3qkv_status fake_sm100_fused(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,
                                                cudaStream_t s) {
-  return record("sm100_fused", d, t, s);
+  return record_fused("sm100_fused", a, d, t, s);
 }
 [[maybe_unused]] m3qkv_status fake_portable_warmup(const DeviceInfo& d) { return record("portable_warmup", d, nullptr, nullptr); }
 [[maybe_unused]] m3qkv_status fake_sm90_warmup(const DeviceInfo& d) { return record("sm90_warmup", d, nullptr, nullptr); }
@@ -108,6 +130,8 @@ namespace {
 #define portable_insert fake_portable_insert
 #define portable_quantize fake_portable_quantize
 #define sm90_fused fake_sm90_fused
+#define sm90_fused_variant fake_sm90_fused_variant
+#define sm90_fused_decode fake_sm90_fused_decode
 #define sm100_fused fake_sm100_fused
 #define portable_warmup fake_portable_warmup
 #define sm90_warmup fake_sm90_warmup
@@ -120,6 +144,8 @@ namespace {
 #define m3qkv_mxfp8_quantize DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_quantize)
 #define m3qkv_backend DISPATCH_CAT(DISPATCH_PREFIX, backend)
 #define m3qkv_warmup DISPATCH_CAT(DISPATCH_PREFIX, warmup)
+#define m3qkv_selftest DISPATCH_CAT(DISPATCH_PREFIX, selftest)
+#define m3qkv_set_backend DISPATCH_CAT(DISPATCH_PREFIX, set_backend)
 
 #include "api/api.cpp"
 
@@ -128,6 +154,8 @@ namespace {
 #undef portable_insert
 #undef portable_quantize
 #undef sm90_fused
+#undef sm90_fused_variant
+#undef sm90_fused_decode
 #undef sm100_fused
 #undef portable_warmup
 #undef sm90_warmup
@@ -139,6 +167,8 @@ namespace {
 #undef m3qkv_mxfp8_quantize
 #undef m3qkv_backend
 #undef m3qkv_warmup
+#undef m3qkv_selftest
+#undef m3qkv_set_backend
 
 // Handles on this configuration's copy of the entry points.
 namespace {
@@ -155,6 +185,8 @@ struct Under {
   static m3qkv_status quantize(const m3qkv_quantize_args* a) { return DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_quantize)(a, nullptr); }
   static m3qkv_status backend(int d, m3qkv_backend_kind* k) { return DISPATCH_CAT(DISPATCH_PREFIX, backend)(d, k); }
   static m3qkv_status warmup(int d) { return DISPATCH_CAT(DISPATCH_PREFIX, warmup)(d); }
+  static m3qkv_status selftest(int d, m3qkv_selftest_report* r) { return DISPATCH_CAT(DISPATCH_PREFIX, selftest)(d, r); }
+  static m3qkv_status set_backend(int d, m3qkv_backend_kind k) { return DISPATCH_CAT(DISPATCH_PREFIX, set_backend)(d, k); }
   static m3qkv_status query(int d, m3qkv::DeviceInfo* out) { return m3qkv::query_device(d, out); }
 };
 

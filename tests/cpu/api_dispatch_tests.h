@@ -9,7 +9,15 @@
 
 #include <gtest/gtest.h>
 
+#include <cstddef>
+#include <map>
+#include <set>
 #include <thread>
+
+#include "api/selftest.h"
+#include "common/layouts.h"
+#include "golden/golden.h"
+#include "host/backend_choice.h"
 
 namespace {
 
@@ -29,12 +37,19 @@ bool can_run(m3qkv_backend_kind b, int d) {
   }
 }
 
+// Whether the automatic backend of device d has another one behind it.
+bool automatic_has_fallback(int d);
+
 // Automatic choice: the emulated sm100 kernel is never picked automatically.
 m3qkv_backend_kind expected_fused(int d) {
   if (kBuiltSm100 && is_cc(d, 10)) return M3QKV_BACKEND_SM100;
   if (can_run(M3QKV_BACKEND_SM90, d)) return M3QKV_BACKEND_SM90;
   if (can_run(M3QKV_BACKEND_PORTABLE, d)) return M3QKV_BACKEND_PORTABLE;
   return M3QKV_BACKEND_NONE;
+}
+
+bool automatic_has_fallback(int d) {
+  return expected_fused(d) != M3QKV_BACKEND_PORTABLE && can_run(M3QKV_BACKEND_PORTABLE, d);
 }
 
 const char* fused_launcher(m3qkv_backend_kind b) {
@@ -52,10 +67,25 @@ std::string why_none(int d) {
   return "built without the sm_80 target";
 }
 
+// Each test starts as a process without M3QKV_BACKEND / M3QKV_SELFTEST_ON_WARMUP,
+// without per-device choices and without a fault, and leaves none behind.
+void reset_backend_settings() {
+  m3qkv::host::testing_set_env(nullptr, nullptr);
+  m3qkv::host::testing_forget_choices();
+  m3qkv_testing_inject_fault(M3QKV_BACKEND_NONE, nullptr, 0, 0);
+}
+
 class DISPATCH_SUITE : public testing::Test {
  protected:
-  void SetUp() override { launch_log().reset(); }
-  void TearDown() override { launch_log().reset(); }
+  void SetUp() override {
+    launch_log().reset();
+    reset_backend_settings();
+  }
+  void TearDown() override {
+    launch_log().reset();
+    reset_backend_settings();
+    m3qkv::host::testing_use_real_env();
+  }
   FakeCudaInstall cuda_;
 };
 
@@ -390,6 +420,513 @@ TEST_F(DISPATCH_SUITE, FreshThreadOnTheNullStreamUsesTheCurrentDevice) {
   t.join();
   if (can_run(M3QKV_BACKEND_PORTABLE, kCC86)) EXPECT_EQ(fake_cuda().set_device_log, std::vector<int>{kCC86});
   fake_cuda().default_device = 0;
+}
+
+// ======================================================== backend choice
+const m3qkv_backend_kind kKinds[] = {M3QKV_BACKEND_PORTABLE, M3QKV_BACKEND_SM90, M3QKV_BACKEND_SM100};
+
+// M3QKV_BACKEND names a backend: m3qkv_backend reports it and m3qkv_fused_qkv
+// launches it where it can run; elsewhere both fail with UNSUPPORTED_DEVICE
+// naming the variable, never falling back. "auto" is the automatic choice.
+TEST_F(DISPATCH_SUITE, EnvBackendOverride) {
+  const m3qkv_fused_args a = good_fused();
+  for (m3qkv_backend_kind b : kKinds) {
+    m3qkv::host::testing_set_env(m3qkv_backend_name(b), nullptr);
+    for (int d = 0; d < kNumFake; ++d) {
+      SCOPED_TRACE(std::string("M3QKV_BACKEND=") + m3qkv_backend_name(b) + ", device " + std::to_string(d));
+      fake_set_current_device(d);
+      launch_log().reset();
+      m3qkv_backend_kind k = static_cast<m3qkv_backend_kind>(-1);
+      const m3qkv_status q = Under::backend(d, &k);
+      const m3qkv_status f = Under::fused(&a);
+      if (can_run(b, d)) {
+        EXPECT_EQ(q, M3QKV_SUCCESS) << m3qkv_last_error();
+        EXPECT_EQ(k, b);
+        EXPECT_EQ(f, M3QKV_SUCCESS) << m3qkv_last_error();
+        EXPECT_EQ(launch_log().all, std::vector<std::string>{fused_launcher(b)});
+      } else {
+        EXPECT_EQ(q, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+        EXPECT_EQ(k, M3QKV_BACKEND_NONE);
+        EXPECT_EQ(f, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+        EXPECT_TRUE(contains(m3qkv_last_error(), std::string("m3qkv_fused_qkv: M3QKV_BACKEND = ") + m3qkv_backend_name(b)))
+            << m3qkv_last_error();
+        EXPECT_TRUE(launch_log().all.empty()) << "an impossible choice launched something";
+      }
+    }
+  }
+  m3qkv::host::testing_set_env("auto", nullptr);
+  for (int d = 0; d < kNumFake; ++d) {
+    m3qkv_backend_kind k = static_cast<m3qkv_backend_kind>(-1);
+    EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(k, expected_fused(d)) << "M3QKV_BACKEND=auto, device " << d;
+  }
+}
+
+// An unknown value is an error of every call that chooses a fused backend,
+// naming the value; the unfused ops (portable only) do not depend on it.
+TEST_F(DISPATCH_SUITE, EnvBackendUnknownNameIsAnError) {
+  for (const char* bad : {"sm9", "SM90", "portable ", "cuda", "none"}) {
+    SCOPED_TRACE(std::string("M3QKV_BACKEND=") + bad);
+    m3qkv::host::testing_set_env(bad, nullptr);
+    const std::string needle = std::string("M3QKV_BACKEND = \"") + bad + "\" is not one of auto, portable, sm90, sm100";
+    fake_set_current_device(kCC90);
+    launch_log().reset();
+    const m3qkv_fused_args a = good_fused();
+    EXPECT_EQ(Under::fused(&a), M3QKV_ERROR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_fused_qkv: " + needle)) << m3qkv_last_error();
+    m3qkv_backend_kind k = M3QKV_BACKEND_SM90;
+    EXPECT_EQ(Under::backend(kCC90, &k), M3QKV_ERROR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_backend: " + needle)) << m3qkv_last_error();
+    EXPECT_EQ(k, M3QKV_BACKEND_NONE);
+    EXPECT_EQ(Under::warmup(kCC90), M3QKV_ERROR_INVALID_ARGUMENT);
+    EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_warmup: " + needle)) << m3qkv_last_error();
+    EXPECT_TRUE(launch_log().all.empty());
+    const m3qkv_gemm_args g = good_gemm();
+    EXPECT_EQ(Under::gemm(&g), can_run(M3QKV_BACKEND_PORTABLE, kCC90) ? M3QKV_SUCCESS : M3QKV_ERROR_UNSUPPORTED_DEVICE)
+        << m3qkv_last_error();
+  }
+}
+
+// m3qkv_set_backend: validated at once (nothing changes on an error), wins
+// over M3QKV_BACKEND, reported by m3qkv_backend, NONE goes back.
+TEST_F(DISPATCH_SUITE, SetBackend) {
+  const m3qkv_fused_args a = good_fused();
+  for (int d = 0; d < kNumFake; ++d) {
+    for (m3qkv_backend_kind b : kKinds) {
+      SCOPED_TRACE(std::string("set ") + m3qkv_backend_name(b) + ", device " + std::to_string(d));
+      reset_backend_settings();
+      fake_set_current_device(d);
+      launch_log().reset();
+      const m3qkv_status st = Under::set_backend(d, b);
+      m3qkv_backend_kind k = static_cast<m3qkv_backend_kind>(-1);
+      if (!can_run(b, d)) {
+        EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+        EXPECT_TRUE(contains(m3qkv_last_error(), std::string("m3qkv_set_backend: kind = ") + m3qkv_backend_name(b)))
+            << m3qkv_last_error();
+        EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS);
+        EXPECT_EQ(k, expected_fused(d)) << "a refused choice changed the backend";
+        continue;
+      }
+      ASSERT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+      EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS);
+      EXPECT_EQ(k, b);
+      EXPECT_EQ(Under::fused(&a), M3QKV_SUCCESS) << m3qkv_last_error();
+      EXPECT_EQ(launch_log().last, fused_launcher(b));
+      // It wins over the environment (even an environment that names another one).
+      m3qkv::host::testing_set_env(b == M3QKV_BACKEND_PORTABLE ? "sm100" : "portable", nullptr);
+      EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS) << m3qkv_last_error();
+      EXPECT_EQ(k, b);
+      // NONE: back to the environment / the automatic choice.
+      m3qkv::host::testing_set_env(nullptr, nullptr);
+      EXPECT_EQ(Under::set_backend(d, M3QKV_BACKEND_NONE), M3QKV_SUCCESS);
+      EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS);
+      EXPECT_EQ(k, expected_fused(d));
+    }
+  }
+  EXPECT_EQ(Under::set_backend(kCC90, static_cast<m3qkv_backend_kind>(9)), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_set_backend: kind = 9 is not an m3qkv_backend_kind"))
+      << m3qkv_last_error();
+  EXPECT_EQ(Under::set_backend(kCC90, static_cast<m3qkv_backend_kind>(-1)), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(Under::set_backend(kNumFake + 5, M3QKV_BACKEND_PORTABLE), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "is not a valid CUDA device")) << m3qkv_last_error();
+  m3qkv::host::testing_install_cuda(&fake_table());  // forget the devices seen so far
+  fake_cuda().get_count_err = cudaErrorNoDevice;
+  EXPECT_EQ(Under::set_backend(kCC90, M3QKV_BACKEND_PORTABLE), M3QKV_ERROR_UNSUPPORTED_DEVICE);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_set_backend: ")) << m3qkv_last_error();
+  fake_cuda().get_count_err = cudaSuccess;
+}
+
+// ======================================================== self-test
+// A "kernel" for the self-test on the scripted CUDA: the golden model run on
+// the fake device memory behind the call's pointers (what a correct backend
+// writes). The accumulator is cached by the operands' bytes: every kernel of
+// a self-test runs the same problems.
+m3qkv_status golden_kernel(const char* what, const m3qkv_fused_args& a) {
+  bool missing = false;
+  const auto h = [&](const void* p) -> void* {
+    if (p == nullptr) return nullptr;
+    void* q = fake_cuda().host_ptr(p, 1);
+    missing |= q == nullptr;
+    return q;
+  };
+  m3qkv_fused_args x = a;
+  x.xq = h(a.xq), x.xsf = h(a.xsf), x.wq = h(a.wq), x.wsf = h(a.wsf);
+  x.positions = static_cast<const int64_t*>(h(a.positions));
+  x.cos_sin_cache = h(a.cos_sin_cache);
+  x.q_norm_weight = h(a.q_norm_weight), x.k_norm_weight = h(a.k_norm_weight);
+  x.index_q_norm_weight = h(a.index_q_norm_weight), x.index_k_norm_weight = h(a.index_k_norm_weight);
+  x.slot_mapping = static_cast<const int64_t*>(h(a.slot_mapping));
+  x.index_slot_mapping = static_cast<const int64_t*>(h(a.index_slot_mapping));
+  x.kv_cache = h(a.kv_cache), x.v_cache = h(a.v_cache), x.index_cache = h(a.index_cache);
+  x.q_out = h(a.q_out), x.q_fp8_out = h(a.q_fp8_out), x.index_q_out = h(a.index_q_out);
+  x.error_flags = static_cast<uint32_t*>(h(a.error_flags));
+  if (missing) return m3qkv::fail(M3QKV_ERROR_INTERNAL, "%s: a pointer outside the fake allocations", what);
+  const int64_t n = int64_t(a.nq + 2 * a.nkv + a.niq + a.nik) * 128;
+  const size_t xsf_bytes = size_t(m3qkv::f8_128x4_bytes(a.m, a.k / 32));
+  const size_t wsf_bytes = size_t(m3qkv::f8_128x4_bytes(n, a.k / 32));
+  uint64_t key = 1469598103934665603ull;
+  const auto mix = [&](const void* p, size_t bytes) {
+    for (size_t i = 0; i < bytes; ++i) key = (key ^ static_cast<const uint8_t*>(p)[i]) * 1099511628211ull;
+  };
+  mix(&a.m, sizeof(a.m));
+  mix(&n, sizeof(n));
+  mix(x.xq, size_t(a.m * a.k));
+  mix(x.xsf, xsf_bytes);
+  mix(x.wq, size_t(n * a.k));
+  mix(x.wsf, wsf_bytes);
+  static std::map<uint64_t, std::vector<float>> cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    it = cache.emplace(key, m3qkv::golden::mxfp8_acc(static_cast<const uint8_t*>(x.xq), static_cast<const uint8_t*>(x.xsf),
+                                                     static_cast<const uint8_t*>(x.wq), static_cast<const uint8_t*>(x.wsf),
+                                                     a.m, n, a.k))
+             .first;
+  }
+  uint32_t flags = 0;
+  m3qkv::golden::epilogue(x, it->second.data(), &flags);
+  if (x.error_flags) *x.error_flags |= flags;
+  return M3QKV_SUCCESS;
+}
+
+const char* path_launcher(int path) {
+  switch (path) {
+    case m3qkv::selftest::kPortable: return "portable_fused";
+    case m3qkv::selftest::kSm90Tile: return "sm90_fused_variant";
+    case m3qkv::selftest::kSm90Decode: return "sm90_fused_decode";
+    default: return "sm100_fused";
+  }
+}
+int problems_of(int path) {
+  int n = 0;
+  for (const auto& p : m3qkv::selftest::problems()) n += m3qkv::selftest::path_takes(path, p.cfg.m);
+  return n;
+}
+
+m3qkv_selftest_report fresh_report() {
+  m3qkv_selftest_report r;
+  std::memset(&r, 0x5A, sizeof r);  // not zero: every field the call fills must be filled
+  r.struct_size = sizeof r;
+  return r;
+}
+
+// The report's struct_size is checked (nothing written on a wrong one); a
+// NULL report is NULL_POINTER.
+TEST_F(DISPATCH_SUITE, SelftestReportStructSize) {
+  EXPECT_EQ(Under::selftest(kCC90, nullptr), M3QKV_ERROR_NULL_POINTER);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "m3qkv_selftest: report = NULL")) << m3qkv_last_error();
+  for (size_t size : {size_t{0}, sizeof(m3qkv_selftest_report) - 1, sizeof(m3qkv_selftest_report) + 8, size_t{8}}) {
+    m3qkv_selftest_report r;
+    std::memset(&r, 0x5A, sizeof r);
+    r.struct_size = size;
+    m3qkv_selftest_report before = r;
+    EXPECT_EQ(Under::selftest(kCC90, &r), M3QKV_ERROR_STRUCT_SIZE) << size;
+    EXPECT_TRUE(contains(m3qkv_last_error(), "report->struct_size = " + std::to_string(size) +
+                                                 " is not sizeof(m3qkv_selftest_report) = " +
+                                                 std::to_string(sizeof(m3qkv_selftest_report))))
+        << m3qkv_last_error();
+    EXPECT_EQ(std::memcmp(&r, &before, sizeof r), 0) << "a report of the wrong size was written";
+  }
+  EXPECT_TRUE(launch_log().all.empty());
+  // The released layout (LP64): a field that moves breaks callers built against it.
+  static_assert(sizeof(void*) != 8 || sizeof(m3qkv_selftest_entry) == 312, "m3qkv_selftest_entry layout");
+  static_assert(sizeof(void*) != 8 || (offsetof(m3qkv_selftest_report, entries) == 296 &&
+                                       sizeof(m3qkv_selftest_report) == 296 + M3QKV_SELFTEST_MAX_ENTRIES * 312),
+                "m3qkv_selftest_report layout");
+}
+
+// Without a GPU (or a backend for the device) the self-test says so and fills
+// the report with that status; nothing is allocated or launched.
+TEST_F(DISPATCH_SUITE, SelftestWithoutGpuIsUnsupportedDevice) {
+  for (cudaError_t e : {cudaErrorNoDevice, cudaErrorInsufficientDriver}) {
+    fake_cuda().get_count_err = e;
+    m3qkv_selftest_report r = fresh_report();
+    EXPECT_EQ(Under::selftest(0, &r), M3QKV_ERROR_UNSUPPORTED_DEVICE) << cudaGetErrorName(e);
+    const std::string msg = m3qkv_last_error();
+    EXPECT_TRUE(contains(msg, "m3qkv_selftest: ")) << msg;
+    EXPECT_TRUE(contains(msg, "no CUDA driver or GPU was found") || contains(msg, "the CUDA driver is too old")) << msg;
+    EXPECT_EQ(r.struct_size, sizeof r);
+    EXPECT_EQ(r.status, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+    EXPECT_EQ(r.device, 0);
+    EXPECT_EQ(r.num_entries, 0);
+    EXPECT_EQ(r.problems, int(m3qkv::selftest::problems().size()));
+    EXPECT_STREQ(r.message, msg.c_str());
+  }
+  fake_cuda().get_count_err = cudaSuccess;
+  // A device too old (or without its target): its reason, as m3qkv_fused_qkv gives it.
+  for (int d = 0; d < kNumFake; ++d) {
+    if (expected_fused(d) != M3QKV_BACKEND_NONE) continue;
+    m3qkv_selftest_report r = fresh_report();
+    EXPECT_EQ(Under::selftest(d, &r), M3QKV_ERROR_UNSUPPORTED_DEVICE);
+    EXPECT_TRUE(contains(m3qkv_last_error(), why_none(d))) << m3qkv_last_error();
+    EXPECT_EQ(r.status, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+  }
+  EXPECT_TRUE(fake_cuda().mallocs.empty());
+  EXPECT_TRUE(launch_log().all.empty());
+}
+
+// The whole self-test on the scripted CUDA with "kernels" that write the
+// golden bytes: every kernel this configuration has for the device runs every
+// problem it takes and passes; the others are NOT_AVAILABLE with a reason;
+// every allocation is freed, the stream destroyed, the caller's context kept.
+TEST_F(DISPATCH_SUITE, SelftestRunsEveryKernelThatCanRun) {
+  for (int d = 0; d < kNumFake; ++d) {
+    if (expected_fused(d) == M3QKV_BACKEND_NONE) continue;
+    SCOPED_TRACE("device " + std::to_string(d));
+    reset_fake_cuda();
+    launch_log().reset();
+    launch_log().emulate = &golden_kernel;
+    fake_set_current_device(kCC86);
+    const size_t callers = current_ctx();
+    m3qkv_selftest_report r = fresh_report();
+    const m3qkv_status st = Under::selftest(d, &r);
+    ASSERT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+    std::printf("[ info ] self-test on the scripted CUDA, device %d: %.1f ms (%s)\n", d, r.total_us / 1000.0,
+                r.message);
+    EXPECT_STREQ(m3qkv_last_error(), "");
+    EXPECT_EQ(r.status, M3QKV_SUCCESS);
+    EXPECT_EQ(r.device, d);
+    EXPECT_EQ(r.cc_major, fake_cuda().cc[size_t(d)].first);
+    EXPECT_EQ(r.num_entries, int(m3qkv::selftest::kPaths));
+    EXPECT_TRUE(contains(r.message, "PASS")) << r.message;
+    std::vector<std::string> want_launches;
+    std::vector<int> want_cta;
+    for (int p = 0; p < m3qkv::selftest::kPaths; ++p) {
+      const m3qkv_selftest_entry& e = r.entries[p];
+      const auto& info = m3qkv::selftest::path_info(p);
+      SCOPED_TRACE(info.name);
+      EXPECT_EQ(e.backend, info.backend);
+      EXPECT_EQ(e.variant, info.variant);
+      EXPECT_STREQ(e.name, info.name);
+      if (!can_run(info.backend, d)) {
+        EXPECT_EQ(e.result, M3QKV_SELFTEST_NOT_AVAILABLE);
+        EXPECT_TRUE(contains(e.message, "not available")) << e.message;
+        EXPECT_EQ(e.problems, 0);
+        continue;
+      }
+      EXPECT_EQ(e.result, M3QKV_SELFTEST_PASS) << e.message;
+      EXPECT_EQ(e.problems, problems_of(p));
+      EXPECT_EQ(e.wrong_bytes, 0);
+      EXPECT_EQ(e.problem, -1);
+      EXPECT_EQ(e.offset, -1);
+      EXPECT_EQ(e.expected, -1);
+      EXPECT_STREQ(e.output, "");
+      EXPECT_EQ(e.portable_agrees, p == m3qkv::selftest::kPortable || !can_run(M3QKV_BACKEND_PORTABLE, d) ? -1 : 1);
+      EXPECT_GE(e.time_us, 0);
+      for (int i = 0; i < e.problems; ++i) {
+        want_launches.push_back(path_launcher(p));
+        want_cta.push_back(p == m3qkv::selftest::kSm100Cta1 ? 1 : p == m3qkv::selftest::kSm100Cta2 ? 2 : 0);
+      }
+    }
+    EXPECT_EQ(launch_log().all, want_launches);
+    EXPECT_EQ(launch_log().cta_groups, want_cta);
+    EXPECT_EQ(launch_log().dev.device, d);
+    // Nothing left behind.
+    std::set<void*> freed(fake_cuda().frees.begin(), fake_cuda().frees.end());
+    for (const auto& m : fake_cuda().mallocs) EXPECT_EQ(freed.count(m.first), 1u) << "not freed: " << m.first;
+    EXPECT_EQ(fake_cuda().streams_created, fake_cuda().streams_destroyed);
+    EXPECT_EQ(current_ctx(), callers) << "the caller's context changed";
+    EXPECT_EQ(t_ctx_stack.size(), 1u);
+    EXPECT_TRUE(fake_cuda().set_device_log.empty()) << "the self-test changed the runtime's current device";
+  }
+}
+
+// The test-only fault flips one q_out byte of every launch of one backend:
+// exactly that backend's kernels fail, the report names the first wrong byte
+// (problem 0, q_out, the offset, golden byte and golden ^ mask) and counts one
+// per problem it hit; the others pass; compared with the portable kernel the
+// faulty one disagrees.
+TEST_F(DISPATCH_SUITE, SelftestReportsExactlyTheFaultyBackend) {
+  const int64_t kOffset = 37;
+  const unsigned kMask = 0x10;
+  for (int d = 0; d < kNumFake; ++d) {
+    for (m3qkv_backend_kind faulty : kKinds) {
+      if (!can_run(faulty, d)) continue;
+      SCOPED_TRACE("device " + std::to_string(d) + ", fault in " + m3qkv_backend_name(faulty));
+      reset_fake_cuda();
+      launch_log().reset();
+      launch_log().emulate = &golden_kernel;
+      ASSERT_EQ(m3qkv_testing_inject_fault(faulty, "q_out", kOffset, kMask), M3QKV_SUCCESS) << m3qkv_last_error();
+      m3qkv_selftest_report r = fresh_report();
+      const m3qkv_status st = Under::selftest(d, &r);
+      const std::string msg = m3qkv_last_error();
+      m3qkv_testing_inject_fault(M3QKV_BACKEND_NONE, nullptr, 0, 0);
+      ASSERT_EQ(st, M3QKV_ERROR_SELFTEST_FAILED) << msg;
+      EXPECT_EQ(r.status, M3QKV_ERROR_SELFTEST_FAILED);
+      EXPECT_STREQ(r.message, msg.c_str());
+      int first = -1;
+      for (int p = 0; p < m3qkv::selftest::kPaths; ++p) {
+        const m3qkv_selftest_entry& e = r.entries[p];
+        const auto& info = m3qkv::selftest::path_info(p);
+        SCOPED_TRACE(info.name);
+        if (!can_run(info.backend, d)) {
+          EXPECT_EQ(e.result, M3QKV_SELFTEST_NOT_AVAILABLE);
+          continue;
+        }
+        if (info.backend != faulty) {
+          EXPECT_EQ(e.result, M3QKV_SELFTEST_PASS) << e.message;
+          if (p != m3qkv::selftest::kPortable && faulty == M3QKV_BACKEND_PORTABLE) {
+            EXPECT_EQ(e.portable_agrees, 0) << "a correct kernel must disagree with the faulty portable one";
+          }
+          continue;
+        }
+        if (first < 0) first = p;
+        EXPECT_EQ(e.result, M3QKV_SELFTEST_FAIL) << e.message;
+        // The first problem with a q_out is the first wrong one; every
+        // problem with a q_out gets one flipped byte.
+        int64_t want_wrong = 0, want_problem = -1;
+        const auto& probs = m3qkv::selftest::problems();
+        for (size_t i = 0; i < probs.size(); ++i) {
+          if (!m3qkv::selftest::path_takes(p, probs[i].cfg.m) || !probs[i].cfg.q_bf16) continue;
+          if (want_problem < 0) want_problem = int64_t(i);
+          ++want_wrong;
+        }
+        EXPECT_EQ(e.problem, want_problem);
+        EXPECT_STREQ(e.output, "q_out");
+        EXPECT_EQ(e.offset, kOffset);
+        ASSERT_GE(e.expected, 0);
+        EXPECT_EQ(e.got, e.expected ^ int(kMask));
+        EXPECT_EQ(e.wrong_bytes, want_wrong);
+        EXPECT_TRUE(contains(e.message, "q_out byte 37")) << e.message;
+        if (p != m3qkv::selftest::kPortable && can_run(M3QKV_BACKEND_PORTABLE, d)) {
+          EXPECT_EQ(e.portable_agrees, 0);
+        }
+      }
+      ASSERT_GE(first, 0);
+      EXPECT_TRUE(contains(msg, std::string("first: ") + m3qkv::selftest::path_info(first).name)) << msg;
+      EXPECT_TRUE(contains(msg, "q_out byte 37")) << msg;
+    }
+  }
+}
+
+// A kernel that does nothing (no golden writer): every byte it must write is
+// still poison, and the report says so; a launcher error is ERROR with its
+// message; both leave nothing allocated.
+TEST_F(DISPATCH_SUITE, SelftestCatchesUnwrittenOutputsAndLaunchErrors) {
+  const int d = kCC90;
+  if (expected_fused(d) == M3QKV_BACKEND_NONE) GTEST_SKIP() << "no backend for CC 9.0 in this configuration";
+  m3qkv_selftest_report r = fresh_report();
+  ASSERT_EQ(Under::selftest(d, &r), M3QKV_ERROR_SELFTEST_FAILED);
+  for (int p = 0; p < m3qkv::selftest::kPaths; ++p) {
+    const m3qkv_selftest_entry& e = r.entries[p];
+    if (!can_run(m3qkv::selftest::path_info(p).backend, d)) continue;
+    EXPECT_EQ(e.result, M3QKV_SELFTEST_FAIL) << e.name;
+    EXPECT_EQ(e.problem, 0) << e.name;
+    EXPECT_STREQ(e.output, "q_out") << e.name;
+    // Problem 0's q_out is the image's first buffer, after one guard zone:
+    // its byte `offset` still holds the poison of image byte 256 + offset.
+    ASSERT_GE(e.offset, 0) << e.name;
+    EXPECT_LT(e.offset, 4096) << e.name;
+    EXPECT_EQ(e.got, m3qkv::golden::poison_byte(size_t(256 + e.offset))) << e.name;
+    EXPECT_NE(e.got, e.expected) << e.name;
+    EXPECT_GT(e.wrong_bytes, 1000) << e.name;
+  }
+  reset_fake_cuda();
+  launch_log().reset();
+  launch_log().result = M3QKV_ERROR_CUDA_ERROR;
+  r = fresh_report();
+  ASSERT_EQ(Under::selftest(d, &r), M3QKV_ERROR_SELFTEST_FAILED);
+  for (int p = 0; p < m3qkv::selftest::kPaths; ++p) {
+    const m3qkv_selftest_entry& e = r.entries[p];
+    if (!can_run(m3qkv::selftest::path_info(p).backend, d)) continue;
+    EXPECT_EQ(e.result, M3QKV_SELFTEST_ERROR) << e.name;
+    EXPECT_EQ(e.problem, 0) << e.name;
+    EXPECT_EQ(e.problems, 0) << e.name;
+    EXPECT_TRUE(contains(e.message, "scripted failure")) << e.message;
+  }
+  std::set<void*> freed(fake_cuda().frees.begin(), fake_cuda().frees.end());
+  for (const auto& m : fake_cuda().mallocs) EXPECT_EQ(freed.count(m.first), 1u);
+  // A failing copy of the self-test's own: CUDA_ERROR naming it, nothing left.
+  reset_fake_cuda();
+  launch_log().reset();
+  fake_cuda().memcpy_err = cudaErrorInvalidValue;
+  r = fresh_report();
+  EXPECT_EQ(Under::selftest(d, &r), M3QKV_ERROR_CUDA_ERROR);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "cudaMemcpyAsync (self-test inputs)")) << m3qkv_last_error();
+  EXPECT_EQ(r.status, M3QKV_ERROR_CUDA_ERROR);
+  freed = std::set<void*>(fake_cuda().frees.begin(), fake_cuda().frees.end());
+  for (const auto& m : fake_cuda().mallocs) EXPECT_EQ(freed.count(m.first), 1u);
+  EXPECT_EQ(fake_cuda().streams_created, fake_cuda().streams_destroyed);
+}
+
+// ======================================================== warmup self-test
+// M3QKV_SELFTEST_ON_WARMUP=1: the automatic backend's self-test; when it
+// fails, the next backend that passes is used (WARNING_BACKEND_FALLBACK, the
+// reason in the message, m3qkv_backend and m3qkv_fused_qkv follow); a later
+// warmup that passes goes back. An explicit choice is never replaced.
+TEST_F(DISPATCH_SUITE, WarmupSelftestFallsBackFromTheAutomaticBackend) {
+  for (int d = 0; d < kNumFake; ++d) {
+    const m3qkv_backend_kind automatic = expected_fused(d);
+    if (automatic == M3QKV_BACKEND_NONE) continue;
+    SCOPED_TRACE("device " + std::to_string(d));
+    reset_backend_settings();
+    reset_fake_cuda();
+    launch_log().reset();
+    launch_log().emulate = &golden_kernel;
+    m3qkv::host::testing_set_env(nullptr, "1");
+    ASSERT_EQ(Under::warmup(d), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_STREQ(m3qkv_last_error(), "");
+    // Only the automatic backend's kernels ran (besides the warmups).
+    int launches = 0;
+    for (const std::string& l : launch_log().all) {
+      if (l.find("warmup") != std::string::npos) continue;
+      ++launches;
+      EXPECT_TRUE(l.find(m3qkv_backend_name(automatic)) != std::string::npos) << l;
+    }
+    EXPECT_GT(launches, 0) << "the self-test did not run";
+    if (automatic == M3QKV_BACKEND_PORTABLE) continue;  // nothing to fall back to
+    ASSERT_EQ(m3qkv_testing_inject_fault(automatic, "q_out", 5, 1), M3QKV_SUCCESS);
+    const m3qkv_status st = Under::warmup(d);
+    const std::string msg = m3qkv_last_error();
+    ASSERT_EQ(st, M3QKV_WARNING_BACKEND_FALLBACK) << msg;
+    EXPECT_TRUE(contains(msg, std::string("the self-test of ") + m3qkv_backend_name(automatic) +
+                                  ", the automatic backend, FAILED"))
+        << msg;
+    EXPECT_TRUE(contains(msg, "q_out byte 5")) << msg;
+    EXPECT_TRUE(contains(msg, "now uses portable, which passed")) << msg;
+    m3qkv_backend_kind k = M3QKV_BACKEND_NONE;
+    EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS);
+    EXPECT_EQ(k, M3QKV_BACKEND_PORTABLE);
+    launch_log().reset();  // a recorder only: good_fused() has fake pointers
+    const m3qkv_fused_args a = good_fused();
+    fake_set_current_device(d);
+    EXPECT_EQ(Under::fused(&a), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(launch_log().last, "portable_fused");
+    // Fixed: the next warmup goes back to the automatic backend.
+    launch_log().emulate = &golden_kernel;
+    m3qkv_testing_inject_fault(M3QKV_BACKEND_NONE, nullptr, 0, 0);
+    EXPECT_EQ(Under::warmup(d), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS);
+    EXPECT_EQ(k, automatic);
+    // Explicitly chosen and failing: an error, and it stays chosen.
+    ASSERT_EQ(Under::set_backend(d, automatic), M3QKV_SUCCESS);
+    m3qkv_testing_inject_fault(automatic, "q_out", 5, 1);
+    EXPECT_EQ(Under::warmup(d), M3QKV_ERROR_SELFTEST_FAILED);
+    EXPECT_TRUE(contains(m3qkv_last_error(), "chosen by m3qkv_set_backend")) << m3qkv_last_error();
+    EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS);
+    EXPECT_EQ(k, automatic);
+    m3qkv_testing_inject_fault(M3QKV_BACKEND_NONE, nullptr, 0, 0);
+  }
+}
+
+TEST_F(DISPATCH_SUITE, WarmupSelftestWithNoPassingBackendAndBadFlag) {
+  const int d = kCC90;
+  if (expected_fused(d) == M3QKV_BACKEND_NONE) GTEST_SKIP() << "no backend for CC 9.0 in this configuration";
+  m3qkv::host::testing_set_env(nullptr, "1");
+  // Kernels that write nothing: every backend fails.
+  EXPECT_EQ(Under::warmup(d), M3QKV_ERROR_SELFTEST_FAILED);
+  const bool several = automatic_has_fallback(d);
+  EXPECT_TRUE(contains(m3qkv_last_error(), several ? "no other backend passed" : "no other backend to fall back to"))
+      << m3qkv_last_error();
+  m3qkv_backend_kind k = M3QKV_BACKEND_NONE;
+  EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS);
+  EXPECT_EQ(k, expected_fused(d)) << "a failed self-test with nothing better must not change the backend";
+  m3qkv::host::testing_set_env(nullptr, "yes");
+  EXPECT_EQ(Under::warmup(d), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_TRUE(contains(m3qkv_last_error(), "M3QKV_SELFTEST_ON_WARMUP = \"yes\" is not 0 or 1")) << m3qkv_last_error();
+  m3qkv::host::testing_set_env(nullptr, "0");
+  launch_log().reset();
+  EXPECT_EQ(Under::warmup(d), M3QKV_SUCCESS) << m3qkv_last_error();
+  for (const std::string& l : launch_log().all) EXPECT_TRUE(l.find("warmup") != std::string::npos) << l;
 }
 
 }  // namespace

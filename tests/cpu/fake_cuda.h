@@ -10,6 +10,7 @@
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -69,9 +70,34 @@ struct FakeCuda {
   std::vector<std::pair<void*, size_t>> mallocs;
   std::vector<std::pair<void*, size_t>> memsets;
   std::vector<void*> frees;
+  // Host memory behind each live allocation of f_malloc (allocated on first
+  // touch by memcpy / memset), so the host layer's copies have somewhere to
+  // go; host_ptr() translates a fake device address for a test.
+  std::map<uintptr_t, std::vector<uint8_t>> backing;
+  int memcpys = 0;
+  cudaError_t memcpy_err = cudaSuccess;
+  // A fake device address inside a live allocation of f_malloc -> host memory
+  // (nullptr when it is none or [p, p + bytes) leaves it). Lock held by the caller.
+  uint8_t* host_ptr_locked(const void* p, size_t bytes) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    for (const auto& m : mallocs) {
+      const uintptr_t lo = reinterpret_cast<uintptr_t>(m.first);
+      if (a < lo || a + bytes > lo + m.second) continue;
+      if (std::find(frees.begin(), frees.end(), m.first) != frees.end()) continue;  // freed
+      std::vector<uint8_t>& b = backing[lo];
+      if (b.size() != m.second) b.assign(m.second, 0xEE);  // not zero: cudaMalloc memory is not zeroed
+      return b.data() + (a - lo);
+    }
+    return nullptr;
+  }
+  uint8_t* host_ptr(const void* p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu);
+    return host_ptr_locked(p, bytes);
+  }
   std::set<cudaStream_t> capturing;  // streams cudaStreamIsCapturing reports as capturing
   std::vector<cudaStreamCaptureMode> capture_modes;  // modes passed to exchange_capture_mode
   int streams_created = 0;
+  int streams_destroyed = 0;
 
   size_t new_context(int device) {
     contexts.push_back(FakeContext{device, next_id++});
@@ -187,11 +213,31 @@ cudaError_t f_malloc(void** p, size_t bytes) {
   f.mallocs.emplace_back(*p, bytes);
   return cudaSuccess;
 }
-cudaError_t f_memset_async(void* p, int, size_t bytes, cudaStream_t) {
+cudaError_t f_memset_async(void* p, int v, size_t bytes, cudaStream_t) {
   auto& f = fake_cuda();
   f.calls++;
   std::lock_guard<std::mutex> lock(f.mu);
   f.memsets.emplace_back(p, bytes);
+  if (uint8_t* h = f.host_ptr_locked(p, bytes)) std::memset(h, v, bytes);
+  return cudaSuccess;
+}
+// Copies between host memory and fake allocations (an address outside a
+// live allocation is cudaErrorInvalidValue, as a stray pointer would be).
+cudaError_t f_memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.memcpys++;
+  if (f.memcpy_err != cudaSuccess) return f.memcpy_err;
+  if (bytes == 0) return cudaSuccess;
+  uint8_t* d = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice ? f.host_ptr_locked(dst, bytes)
+                                                                                    : static_cast<uint8_t*>(dst);
+  const uint8_t* sp = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice
+                          ? f.host_ptr_locked(src, bytes)
+                          : static_cast<const uint8_t*>(src);
+  if (kind == cudaMemcpyHostToHost || kind == cudaMemcpyDefault || d == nullptr || sp == nullptr)
+    return cudaErrorInvalidValue;
+  std::memmove(d, sp, bytes);
   return cudaSuccess;
 }
 cudaError_t f_stream_create_with_flags(cudaStream_t* s, unsigned) {
@@ -322,6 +368,8 @@ cudaError_t f_free(void* p) {
 }
 cudaError_t f_stream_destroy(cudaStream_t) {
   fake_cuda().calls++;
+  std::lock_guard<std::mutex> lock(fake_cuda().mu);
+  fake_cuda().streams_destroyed++;
   return cudaSuccess;
 }
 CUresult f_primary_ctx_release(CUdevice) {
@@ -350,6 +398,7 @@ m3qkv::host::Cuda make_fake_table() {
   t.malloc = &f_malloc;
   t.free = &f_free;
   t.memset_async = &f_memset_async;
+  t.memcpy_async = &f_memcpy_async;
   t.stream_create_with_flags = &f_stream_create_with_flags;
   t.stream_synchronize = &f_stream_synchronize;
   t.stream_destroy = &f_stream_destroy;
@@ -393,10 +442,14 @@ void reset_fake_cuda() {
     f.mallocs.clear();
     f.memsets.clear();
     f.frees.clear();
+    f.backing.clear();
+    f.memcpys = 0;
+    f.memcpy_err = cudaSuccess;
     f.capturing.clear();
     f.allocations.clear();
     f.capture_modes.clear();
     f.streams_created = 0;
+    f.streams_destroyed = 0;
   }
   t_ctx_stack.clear();
   t_runtime_device = -1;

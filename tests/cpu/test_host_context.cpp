@@ -186,7 +186,9 @@ TEST_F(HostContext, WorkspaceGrowsAndKeepsTheOldBuffer) {
   EXPECT_GE(fake_cuda().mallocs[2].second, size_t{2} << 20);
   EXPECT_EQ(workspace(d, s, (size_t{2} << 20) - 1), bigger);
   EXPECT_EQ(fake_cuda().mallocs.size(), 3u);
-  EXPECT_EQ(d.context->retired, (std::vector<void*>{small, big}));
+  ASSERT_EQ(d.context->retired.size(), 2u);
+  EXPECT_EQ(d.context->retired[0].ptr, small);
+  EXPECT_EQ(d.context->retired[1].ptr, big);
 }
 
 TEST_F(HostContext, WorkspacePerStreamAndPerContext) {
@@ -262,6 +264,33 @@ TEST_F(HostContext, WorkspaceWhileCapturingIsTheStreamsCaptureWorkspace) {
     fake_cuda().capturing.clear();
   }
   EXPECT_EQ(workspace(d, s, 256), direct);
+}
+
+// A stream's workspaces (the current one and the ones it outgrew) are freed
+// by release_stream_workspace; another stream's stay; the released stream
+// gets a fresh zeroed one on its next use (m3qkv_selftest's own stream).
+TEST_F(HostContext, ReleaseStreamWorkspaceFreesThatStreamsBuffersOnly) {
+  const DeviceInfo d = enter();
+  const cudaStream_t mine = fake_cuda().new_stream(current_ctx());
+  const cudaStream_t other = fake_cuda().new_stream(current_ctx());
+  void* theirs = workspace(d, other, 4096);
+  void* theirs_big = workspace(d, other, size_t{1} << 20);  // theirs is retired
+  void* small = workspace(d, mine, 4096);
+  void* big = workspace(d, mine, size_t{1} << 20);  // small is retired; this thread's cache names big
+  ASSERT_EQ(host::release_stream_workspace(d, mine), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(std::set<void*>(fake_cuda().frees.begin(), fake_cuda().frees.end()), (std::set<void*>{small, big}));
+  ASSERT_EQ(d.context->retired.size(), 1u);
+  EXPECT_EQ(d.context->retired[0].ptr, theirs);
+  EXPECT_EQ(workspace(d, other, 4096), theirs_big) << "another stream's workspace changed";
+  const size_t mallocs = fake_cuda().mallocs.size();
+  void* fresh = workspace(d, mine, 4096);  // this thread's cache must not hand out the freed buffer
+  EXPECT_NE(fresh, big);
+  EXPECT_EQ(fake_cuda().mallocs.size(), mallocs + 1);
+  EXPECT_EQ(fake_cuda().memsets.back().first, fresh) << "the fresh workspace was not zeroed";
+  // Nothing to release: no CUDA call fails, nothing freed.
+  const size_t frees = fake_cuda().frees.size();
+  EXPECT_EQ(host::release_stream_workspace(d, fake_cuda().new_stream(current_ctx())), M3QKV_SUCCESS);
+  EXPECT_EQ(fake_cuda().frees.size(), frees);
 }
 
 TEST_F(HostContext, WorkspacesOfLivePrimaryContextsAreFreedAtExit) {

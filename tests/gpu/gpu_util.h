@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "golden/problem.h"
 #include "m3qkv/m3qkv.h"
 
 namespace m3qkv_gpu {
@@ -156,9 +157,8 @@ class Event {
   cudaError_t err_ = cudaSuccess;
 };
 
-// The poison byte pattern: position-dependent and non-zero, so a kernel that
-// writes zeros, or copies a neighbour, or skips a byte, is caught.
-inline uint8_t poison_byte(size_t i) { return static_cast<uint8_t>(0xA5u ^ static_cast<uint8_t>(i * 0x3Bu + (i >> 8))); }
+// The poison byte pattern (golden/problem.h: the self-test uses it too).
+using m3qkv::golden::poison_byte;
 inline std::vector<uint8_t> poison_pattern(size_t n) {
   std::vector<uint8_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = poison_byte(i);

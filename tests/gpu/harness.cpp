@@ -7,6 +7,9 @@
 #include <cstring>
 #include <sstream>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "api/internal.h"  // m3qkv_testing_fused_qkv (test-only tap + forced backend)
 #include "common/layouts.h"
 #include "common/numerics.h"
@@ -359,6 +362,32 @@ std::vector<m3qkv_backend_kind> fused_backends() {
       k != M3QKV_BACKEND_PORTABLE)
     v.push_back(k);
   return v;
+}
+
+bool in_child() {
+  const char* v = std::getenv("M3QKV_CHILD");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
+void expect_child_passes(const std::string& test, const std::string& env) {
+  char exe[4096];
+  const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+  ASSERT_GT(len, 0);
+  exe[len] = '\0';
+  const std::string cmd = "M3QKV_CHILD=1 " + env + " '" + exe + "' --gtest_filter='" + test +
+                          "' --gtest_also_run_disabled_tests 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  ASSERT_NE(f, nullptr);
+  std::string out;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  const int status = pclose(f);
+  std::printf("---- child %s (%s) ----\n%s---- end of child ----\n", test.c_str(), env.c_str(), out.c_str());
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "the child " << test << " failed or died (status " << status << ")";
+  EXPECT_NE(out.find("[  PASSED  ] 1 test."), std::string::npos) << "the child did not run and pass " << test;
+  EXPECT_EQ(out.find("[  SKIPPED ]"), std::string::npos) << "the child skipped " << test;
 }
 
 ErrorFigure relative_error(const float* a, const double* ref, size_t n) {

@@ -153,6 +153,16 @@ void run_fused(const Problem& p, const DeviceInputs& in, const FusedRun& run, in
 std::vector<m3qkv_backend_kind> fused_backends();
 std::string backend_label(m3qkv_backend_kind k);
 
+// ------------------------------------------------------------- children
+// Tests that change process-wide state (a reset device, environment variables
+// read once, the warmup's backend fallback) run in a child: this binary again
+// with --gtest_filter on a DISABLED_ test and M3QKV_CHILD=1 (DISABLED_ keeps
+// them out of a normal run; CHILD_ONLY() skips them outside a child).
+bool in_child();
+// Runs DISABLED_<test> of this binary in a child process with `env` (e.g.
+// "M3QKV_CHECKED=1"); expects it to run and pass. Its output is printed.
+void expect_child_passes(const std::string& test, const std::string& env = "");
+
 // ‖a − ref‖₂ / ‖ref‖₂ over all elements, plus the largest |a − ref| / max|ref|.
 struct ErrorFigure {
   double rel_fro = 0.0;
@@ -165,3 +175,9 @@ ErrorFigure relative_error(const float* a, const double* ref, size_t n);
 int64_t count_f32_mismatch(const float* a, const float* b, size_t n, int64_t* first);
 
 }  // namespace m3qkv_gpu
+
+#define CHILD_ONLY()                                                                   \
+  do {                                                                                 \
+    if (!::m3qkv_gpu::in_child()) GTEST_SKIP() << "runs in a child process of its parent test"; \
+    M3QKV_REQUIRE_GPU();                                                               \
+  } while (0)

@@ -27,8 +27,6 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -207,40 +205,6 @@ void unfused_round(const Problem& p, int32_t grid, cudaStream_t s, float* ms_out
   HostOutputs want = poisoned_host_outputs(p, 0);
   golden_insert(p, want_qkv.data(), &want);
   expect_same_outputs(p, want, got, what + " insert");
-}
-
-// ------------------------------------------------------------- children
-bool in_child() {
-  const char* v = std::getenv("M3QKV_CHILD");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
-#define CHILD_ONLY()                                                                   \
-  do {                                                                                 \
-    if (!in_child()) GTEST_SKIP() << "runs in a child process of its parent test";     \
-    M3QKV_REQUIRE_GPU();                                                               \
-  } while (0)
-
-// Runs DISABLED_<test> of this binary in a child process with `env` (e.g.
-// "M3QKV_CHECKED=1"); expects it to run and pass. Its output is printed.
-void expect_child_passes(const std::string& test, const std::string& env = "") {
-  char exe[4096];
-  const ssize_t len = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-  ASSERT_GT(len, 0);
-  exe[len] = '\0';
-  const std::string cmd = "M3QKV_CHILD=1 " + env + " '" + exe + "' --gtest_filter='" + test +
-                          "' --gtest_also_run_disabled_tests 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  ASSERT_NE(f, nullptr);
-  std::string out;
-  char buf[4096];
-  size_t n = 0;
-  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
-  const int status = pclose(f);
-  std::printf("---- child %s (%s) ----\n%s---- end of child ----\n", test.c_str(), env.c_str(), out.c_str());
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
-      << "the child " << test << " failed or died (status " << status << ")";
-  EXPECT_NE(out.find("[  PASSED  ] 1 test."), std::string::npos) << "the child did not run and pass " << test;
-  EXPECT_EQ(out.find("[  SKIPPED ]"), std::string::npos) << "the child skipped " << test;
 }
 
 // ======================================================== contexts

@@ -2,7 +2,12 @@
 // on the GPU, checked against the CPU golden model.
 //
 //   m3qkv_demo [--m M] [--reps R] [--seed S] [--q bf16|fp8|both] [--cpu]
+//   m3qkv_demo --selftest      (only the self-test: the first thing to run on a new GPU)
 //
+// First, on the GPU, it runs and prints m3qkv_selftest: every kernel the
+// library has for the device on its built-in exact-data problems, compared
+// byte for byte with the golden model (one line per kernel: PASS / FAIL with
+// the first wrong byte / not available and why).
 // Problem: K = 6144 hidden, TP4 heads (nq 16, nkv 1, niq 1, nik 1 → N = 2560),
 // NVFP4 paged caches with block_size 128, M tokens (default 256).
 //  1. random bf16 activations are quantized to MXFP8 on the GPU with
@@ -17,8 +22,8 @@
 //     each, achieved GB/s and TFLOP/s.
 // Without a CUDA device (or with --cpu) it runs the golden model alone on the
 // CPU (default M = 16) and says so.
-// Exit code: 0 = all checks passed, 1 = a mismatch, 2 = bad command line,
-// 3 = a CUDA / m3qkv error.
+// Exit code: 0 = all checks passed, 1 = a mismatch (or a kernel failed the
+// self-test), 2 = bad command line, 3 = a CUDA / m3qkv error.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -55,6 +60,7 @@ struct Options {
   uint64_t seed = 0;
   bool q_bf16 = true, q_fp8 = true;
   bool cpu = false;
+  bool selftest_only = false;
 };
 
 struct HostProblem {
@@ -281,12 +287,14 @@ std::string compare(const char* name, const std::vector<uint8_t>& want, const st
 bool usage(const char* argv0, const char* why) {
   if (why) std::fprintf(stderr, "m3qkv_demo: %s\n", why);
   std::fprintf(stderr,
-               "usage: %s [--m M] [--reps R] [--seed S] [--q bf16|fp8|both] [--cpu]\n"
+               "usage: %s [--m M] [--reps R] [--seed S] [--q bf16|fp8|both] [--cpu] [--selftest]\n"
                "  --m M      tokens (default 256 on the GPU, 16 for the CPU-only run)\n"
                "  --reps R   timed calls (default 20)\n"
                "  --seed S   data seed (default: random, printed)\n"
                "  --q MODE   which q outputs to write (default both)\n"
-               "  --cpu      run the golden model alone on the CPU even when a GPU is present\n",
+               "  --cpu      run the golden model alone on the CPU even when a GPU is present\n"
+               "  --selftest run only m3qkv_selftest on the current device and print its report\n"
+               "             (exit 0: every kernel passed, 1: one failed, 3: no GPU / error)\n",
                argv0);
   return false;
 }
@@ -326,6 +334,8 @@ bool parse(int argc, char** argv, Options* o) {
       else return usage(argv[0], "--q must be bf16, fp8 or both");
     } else if (a == "--cpu") {
       o->cpu = true;
+    } else if (a == "--selftest") {
+      o->selftest_only = true;
     } else if (a == "--help" || a == "-h") {
       usage(argv[0], nullptr);
       std::exit(0);
@@ -343,6 +353,7 @@ int run_cpu(const Options& o, const char* why) {
               kK, kN, kNq, kNkv, kNiq, kNik, kBlock, m);
   std::printf("NOTE: %s: running the golden model ALONE on the CPU. Nothing ran on a GPU; no GPU result is checked.\n",
               why);
+  std::printf("self-test: not run (m3qkv_selftest needs a GPU)\n");
   std::printf("seed %" PRIu64 "\n", o.seed);
   const HostProblem p = build_problem(m, o.seed);
   std::vector<uint8_t> xq(size_t(m * kK)), xsf(size_t(m3qkv::f8_128x4_bytes(m, kK / 32)));
@@ -387,6 +398,49 @@ int run_cpu(const Options& o, const char* why) {
               std::chrono::duration<double, std::milli>(t1 - t0).count());
   std::printf("verdict: %s (CPU golden model only)\n", ok ? "PASS" : "FAIL");
   return ok ? 0 : 1;
+}
+
+// ------------------------------------------------------------- self-test
+const char* result_word(int32_t r) {
+  switch (r) {
+    case M3QKV_SELFTEST_PASS: return "PASS";
+    case M3QKV_SELFTEST_FAIL: return "FAIL";
+    case M3QKV_SELFTEST_ERROR: return "ERROR";
+    default: return "not available";
+  }
+}
+
+// Prints the report: one line per kernel, then the verdict.
+void print_selftest(const m3qkv_selftest_report& r) {
+  std::printf("self-test (m3qkv_selftest) on device %d, CC %d.%d: %d built-in exact-data problems, %.1f ms\n", r.device,
+              r.cc_major, r.cc_minor, r.problems, r.total_us / 1000.0);
+  if (r.num_entries > 0) std::printf("  %-18s %-13s %8s %10s  %s\n", "kernel", "result", "problems", "time", "details");
+  for (int i = 0; i < r.num_entries; ++i) {
+    const m3qkv_selftest_entry& e = r.entries[i];
+    std::string details = e.message;
+    if (e.result == M3QKV_SELFTEST_PASS && e.portable_agrees == 1) {
+      details = "every byte = golden = portable" + (details.empty() ? std::string() : "; " + details);
+    } else if (e.result == M3QKV_SELFTEST_PASS) {
+      details = "every byte = golden" + (details.empty() ? std::string() : "; " + details);
+    }
+    if (e.result == M3QKV_SELFTEST_NOT_AVAILABLE) {
+      std::printf("  %-18s %-13s %8s %10s  %s\n", e.name, result_word(e.result), "-", "-", details.c_str());
+    } else {
+      std::printf("  %-18s %-13s %8d %7.2f ms  %s\n", e.name, result_word(e.result), e.problems, e.time_us / 1000.0,
+                  details.c_str());
+    }
+  }
+  std::printf("  => %s: %s\n", m3qkv_status_string(static_cast<m3qkv_status>(r.status)), r.message);
+}
+
+// Runs and prints the self-test of `dev`; its status.
+m3qkv_status run_selftest(int dev) {
+  m3qkv_selftest_report r;
+  std::memset(&r, 0, sizeof r);
+  r.struct_size = sizeof r;
+  const m3qkv_status st = m3qkv_selftest(dev, &r);
+  print_selftest(r);
+  return st;
 }
 
 // ------------------------------------------------------------------ GPU
@@ -441,7 +495,22 @@ int run_gpu(const Options& o) {
               kK, kN, kNq, kNkv, kNiq, kNik, kBlock, m);
   std::printf("device %d: %s (CC %d.%d, %d SMs), backend: %s, seed %" PRIu64 "\n", dev, prop.name, prop.major,
               prop.minor, prop.multiProcessorCount, m3qkv_backend_name(backend), o.seed);
-  DEMO_M3(m3qkv_warmup(dev));
+  // The self-test first: on a GPU nobody has run m3qkv on before, its report
+  // says which kernels are right before the main job trusts one of them.
+  const m3qkv_status selftest = run_selftest(dev);
+  if (selftest != M3QKV_SUCCESS && selftest != M3QKV_ERROR_SELFTEST_FAILED) return 3;
+  bool ok = selftest == M3QKV_SUCCESS;
+  {
+    // With M3QKV_SELFTEST_ON_WARMUP=1 the warmup may switch to a backend that passed.
+    const m3qkv_status w = m3qkv_warmup(dev);
+    if (w == M3QKV_WARNING_BACKEND_FALLBACK) {
+      std::printf("m3qkv_warmup: %s\n", m3qkv_last_error());
+      DEMO_M3(m3qkv_backend(dev, &backend));
+      std::printf("backend now: %s\n", m3qkv_backend_name(backend));
+    } else {
+      DEMO_M3(w);
+    }
+  }
   const HostProblem p = build_problem(m, o.seed);
   Dev d;
   void *dx, *dxq, *dxsf, *dwq, *dwsf, *dpos, *dcs, *dqw, *dkw, *diqw, *dikw, *dsl, *disl, *dflags;
@@ -467,7 +536,6 @@ int run_gpu(const Options& o) {
     ~StreamGuard() { cudaStreamDestroy(s); }
   } sg{s};
 
-  bool ok = true;
   // 1. Quantize the activations on the GPU; check against the golden quantizer.
   m3qkv_quantize_args qa;
   std::memset(&qa, 0, sizeof qa);
@@ -615,7 +683,8 @@ int run_gpu(const Options& o) {
   std::printf("time per call (L2 flushed, %d reps): mean %.2f us, best %.2f us\n", o.reps, t * 1e6, best_ms * 1e3);
   std::printf("achieved: %.1f GB/s (%.2f MB moved at least once), %.1f TFLOP/s (2·M·N·K = %.3g FLOP)\n",
               bytes / t * 1e-9, bytes * 1e-6, flops / t * 1e-12, flops);
-  std::printf("verdict: %s\n", ok ? "PASS — every output equals the golden model" : "FAIL");
+  std::printf("verdict: %s\n", ok ? "PASS — every output equals the golden model"
+                                  : selftest != M3QKV_SUCCESS ? "FAIL — a kernel failed the self-test (above)" : "FAIL");
   return ok ? 0 : 1;
 }
 
@@ -627,6 +696,17 @@ int main(int argc, char** argv) {
   if (o.seed == 0) o.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
+  if (o.selftest_only) {
+    int dev = 0;
+    if (e != cudaSuccess || n == 0 || cudaGetDevice(&dev) != cudaSuccess) {
+      (void)cudaGetLastError();
+      std::printf("m3qkv self-test: no CUDA device (%s): nothing to test\n",
+                  e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount reports 0");
+      return 3;
+    }
+    const m3qkv_status st = run_selftest(dev);
+    return st == M3QKV_SUCCESS ? 0 : st == M3QKV_ERROR_SELFTEST_FAILED ? 1 : 3;
+  }
   if (o.cpu) return run_cpu(o, "--cpu given");
   if (e != cudaSuccess || n == 0) {
     (void)cudaGetLastError();
