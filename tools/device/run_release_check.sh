@@ -9,7 +9,8 @@
 #   4. the benchmark last, with nothing else running on the machine.
 # Run from the repository root:  bash tools/device/run_release_check.sh
 # Env: EMU=0 / PY=0 / BENCH=0 leave a part out; EMU_FILTER (*Sm100Emu*),
-# EMU_LIMIT (seconds per emulation test, 60); BENCH_FILTER (.), BENCH_TIMEOUT
+# EMU_LIMIT (seconds per emulation test, 60), EMU_TIMEOUT (all of them, 240);
+# PY_INSTALL=1 (pip-install the package first); BENCH_FILTER (.), BENCH_TIMEOUT
 # (150); SUITE_BUDGET (300 s for step 1); the suite's own knobs pass through.
 # $OUT gets the suite's files (gpu_tests.json dropped: 8 files come back at
 # most), emu_isolated.log, bench.json and extra.log (emulation build, Python,
@@ -32,7 +33,7 @@ if [[ ${EMU:-1} == 1 ]]; then
 fi
 
 note "suite"
-SKIP_BENCH=1 SKIP_DEMO=1 SKIP_CPU_TESTS=1 TOTAL_BUDGET=${SUITE_BUDGET:-300} OUT="$OUT" \
+SKIP_BENCH=1 SKIP_CPU_TESTS=1 TOTAL_BUDGET=${SUITE_BUDGET:-300} OUT="$OUT" \
   bash tools/device/run_gpu_suite.sh >>"$EXTRA" 2>&1
 suite_rc=$?
 rm -f "$OUT/gpu_tests.json"
@@ -44,22 +45,32 @@ if [[ -n $emu_pid ]]; then
   tail -5 build-emu.log >>"$EXTRA"
   note "emulation build rc=$emu_build_rc"
   if ((emu_build_rc == 0)); then
-    OUT="$OUT" bash tools/device/run_emu_isolated.sh build-emu "${EMU_FILTER:-*Sm100Emu*}" "${EMU_LIMIT:-60}" \
-      >>"$EXTRA" 2>&1
+    OUT="$OUT" timeout "${EMU_TIMEOUT:-240}" bash tools/device/run_emu_isolated.sh build-emu \
+      "${EMU_FILTER:-*Sm100Emu*}" "${EMU_LIMIT:-60}" >>"$EXTRA" 2>&1
     note "emulation tests: $(tail -1 "$OUT/emu_isolated.log")"
   fi
 fi
 
 if [[ ${PY:-1} == 1 ]]; then
+  # PY_INSTALL=1: pip-install the package (its own CMake build, ~45 s here);
+  # else the source tree on build-dev's library (CI covers the install).
   note "python"
-  (CMAKE_BUILD_PARALLEL_LEVEL=16 M3QKV_CUDA_ARCHS='80;90a' timeout 200 python3 -m pip install -q \
-     --no-build-isolation --no-deps ./python &&
-   cmake --build build-dev --target m3qkv_golden_capi -j16 >/dev/null &&
-   M3QKV_GOLDEN_LIBRARY=$PWD/build-dev/libm3qkv_golden_capi.so M3QKV_REQUIRE_GOLDEN=1 M3QKV_EXPECT_INSTALLED=1 \
-     timeout 150 python3 -m pytest -q -rs -p no:cacheprovider python/tests 2>&1 | tail -40 &&
-   timeout 30 python3 -m m3qkv.demo --m 256 &&
-   timeout 60 python3 python/tools/measure_overhead.py --m 1,64,256) >>"$EXTRA" 2>&1
-  note "python rc=$?"
+  py_env=(M3QKV_GOLDEN_LIBRARY="$PWD/build-dev/libm3qkv_golden_capi.so" M3QKV_REQUIRE_GOLDEN=1)
+  if [[ ${PY_INSTALL:-0} == 1 ]]; then
+    CMAKE_BUILD_PARALLEL_LEVEL=16 M3QKV_CUDA_ARCHS='80;90a' timeout 200 python3 -m pip install -q \
+      --no-build-isolation --no-deps ./python >>"$EXTRA" 2>&1
+    py_env+=(M3QKV_EXPECT_INSTALLED=1)
+  else
+    py_env+=(M3QKV_LIBRARY="$PWD/build-dev/libm3qkv.so" PYTHONPATH="$PWD/python")
+  fi
+  cmake --build build-dev --target m3qkv_golden_capi -j16 >/dev/null 2>&1
+  env "${py_env[@]}" timeout 150 python3 -m pytest -q -rs -p no:cacheprovider python/tests >"$OUT/py.tmp" 2>&1
+  py_rc=$?
+  tail -60 "$OUT/py.tmp" >>"$EXTRA"
+  rm -f "$OUT/py.tmp"
+  env "${py_env[@]}" timeout 30 python3 -m m3qkv.demo --m 256 >>"$EXTRA" 2>&1
+  env "${py_env[@]}" timeout 60 python3 python/tools/measure_overhead.py --m 1,64,256 >>"$EXTRA" 2>&1
+  note "python tests rc=$py_rc"
 fi
 
 if [[ ${BENCH:-1} == 1 ]]; then
