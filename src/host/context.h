@@ -52,7 +52,7 @@ struct ContextState {
   std::mutex workspace_mu;
   std::unordered_map<unsigned long long, Workspace> workspaces;  // by stream key (workspace.cpp)
   std::vector<RetiredWorkspace> retired;  // outgrown buffers, kept (workspace.cpp says why)
-  cudaStream_t zero_stream = nullptr;   // non-blocking stream of this context for the zeroing
+  cudaStream_t zero_stream = nullptr;   // non-blocking stream of this context: capture workspaces are zeroed on it
 };
 
 // Undoes what enter_* did to the thread's current context when it goes out

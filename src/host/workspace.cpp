@@ -39,19 +39,24 @@ m3qkv_status stream_key(const Cuda& c, cudaStream_t stream, unsigned long long* 
   return M3QKV_SUCCESS;
 }
 
-// cudaMalloc of `bytes` with the capture mode relaxed, then the zeroing.
-m3qkv_status allocate(const Cuda& c, ContextState& st, size_t bytes, void** out) {
+bool is_capture_key(unsigned long long key) { return (key & 1u) != 0; }
+
+// cudaMalloc of `bytes` with the capture mode relaxed, then the zeroing
+// (workspace.h says where and why).
+m3qkv_status allocate(const Cuda& c, ContextState& st, cudaStream_t stream, bool capturing, size_t bytes, void** out) {
   static ReleaseAtExit release;
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   M3QKV_CUDA_TRY(kFn, c.exchange_capture_mode(&mode));
   void* p = nullptr;
   cudaError_t e = c.malloc(&p, bytes);
-  if (e == cudaSuccess && st.zero_stream == nullptr) {
-    e = c.stream_create_with_flags(&st.zero_stream, cudaStreamNonBlocking);
-  }
   const size_t zero = bytes < kWorkspaceZeroBytes ? bytes : kWorkspaceZeroBytes;
-  if (e == cudaSuccess) e = c.memset_async(p, 0, zero, st.zero_stream);
-  if (e == cudaSuccess) e = c.stream_synchronize(st.zero_stream);
+  if (e == cudaSuccess && !capturing) {
+    e = c.memset_async(p, 0, zero, stream);  // stream-ordered: no host wait
+  } else if (e == cudaSuccess) {
+    if (st.zero_stream == nullptr) e = c.stream_create_with_flags(&st.zero_stream, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = c.memset_async(p, 0, zero, st.zero_stream);
+    if (e == cudaSuccess) e = c.stream_synchronize(st.zero_stream);
+  }
   if (e != cudaSuccess && p != nullptr) (void)c.free(p);
   cudaStreamCaptureMode restore = mode;
   const cudaError_t e2 = c.exchange_capture_mode(&restore);
@@ -80,7 +85,7 @@ m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
     size_t want = bytes > 2 * ws.bytes ? bytes : 2 * ws.bytes;
     want = (want + kAlign - 1) / kAlign * kAlign;
     void* p = nullptr;
-    M3QKV_TRY(allocate(c, st, want, &p));
+    M3QKV_TRY(allocate(c, st, stream, is_capture_key(key), want, &p));
     if (ws.ptr != nullptr) st.retired.push_back(RetiredWorkspace{key, ws.ptr});
     ws = Workspace{p, want};
   }

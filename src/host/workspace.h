@@ -22,8 +22,15 @@ constexpr size_t kWorkspaceZeroBytes = size_t{64} << 10;
 // stream's capture workspace, so replay them in order, as a serving loop
 // does, not concurrently with each other.
 //  - Its first min(kWorkspaceZeroBytes, size) bytes were zeroed when it was
-//    allocated (synchronously: they are zero before any later work on any
-//    stream); the rest holds whatever earlier calls left.
+//    allocated; the rest holds whatever earlier calls left. A stream's own
+//    workspace is zeroed by a cudaMemsetAsync on that stream (only launches
+//    on it use the buffer, so stream order suffices): a direct call never
+//    waits on the host for device work, which a waiting zeroing on a side
+//    stream did (a round trip on each new stream's first call, and a wait
+//    that the stream tests forbid). A capture workspace is zeroed on
+//    m3qkv's own stream and synchronously (a memset captured in the graph
+//    would run on every replay; its graphs may be replayed on any stream),
+//    so a first call under capture waits for that zeroing.
 //  - Grown on demand (to max(bytes, 2 x the old size)). The outgrown buffer
 //    is kept, not freed: earlier launches, or a CUDA graph captured earlier,
 //    may still use it.

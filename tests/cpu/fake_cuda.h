@@ -69,6 +69,8 @@ struct FakeCuda {
   std::vector<int> retain_log;
   std::vector<std::pair<void*, size_t>> mallocs;
   std::vector<std::pair<void*, size_t>> memsets;
+  std::vector<cudaStream_t> memset_streams;  // the stream of each memsets entry
+  std::vector<cudaStream_t> synchronized;    // each cudaStreamSynchronize's stream
   std::vector<void*> frees;
   // Host memory behind each live allocation of f_malloc (allocated on first
   // touch by memcpy / memset), so the host layer's copies have somewhere to
@@ -213,11 +215,12 @@ cudaError_t f_malloc(void** p, size_t bytes) {
   f.mallocs.emplace_back(*p, bytes);
   return cudaSuccess;
 }
-cudaError_t f_memset_async(void* p, int v, size_t bytes, cudaStream_t) {
+cudaError_t f_memset_async(void* p, int v, size_t bytes, cudaStream_t s) {
   auto& f = fake_cuda();
   f.calls++;
   std::lock_guard<std::mutex> lock(f.mu);
   f.memsets.emplace_back(p, bytes);
+  f.memset_streams.push_back(s);
   if (uint8_t* h = f.host_ptr_locked(p, bytes)) std::memset(h, v, bytes);
   return cudaSuccess;
 }
@@ -247,8 +250,10 @@ cudaError_t f_stream_create_with_flags(cudaStream_t* s, unsigned) {
   fake_cuda().streams_created++;
   return cudaSuccess;
 }
-cudaError_t f_stream_synchronize(cudaStream_t) {
+cudaError_t f_stream_synchronize(cudaStream_t s) {
   fake_cuda().calls++;
+  std::lock_guard<std::mutex> lock(fake_cuda().mu);
+  fake_cuda().synchronized.push_back(s);
   return cudaSuccess;
 }
 thread_local cudaStreamCaptureMode t_capture_mode = cudaStreamCaptureModeGlobal;
@@ -441,6 +446,8 @@ void reset_fake_cuda() {
     f.retain_log.clear();
     f.mallocs.clear();
     f.memsets.clear();
+    f.memset_streams.clear();
+    f.synchronized.clear();
     f.frees.clear();
     f.backing.clear();
     f.memcpys = 0;

@@ -214,10 +214,44 @@ TEST_F(HostContext, WorkspaceAllocationRelaxesTheCaptureMode) {
   EXPECT_EQ(fake_cuda().capture_modes[0], cudaStreamCaptureModeRelaxed);
   EXPECT_EQ(fake_cuda().capture_modes[1], cudaStreamCaptureModeGlobal) << "the thread's mode was not restored";
   EXPECT_EQ(t_capture_mode, cudaStreamCaptureModeGlobal);
-  // The zeroing ran on m3qkv's own stream, never on the caller's.
-  EXPECT_EQ(fake_cuda().streams_created, 1);
-  workspace(d, fake_cuda().new_stream(current_ctx()), 256);
+}
+
+// A stream's own workspace is zeroed on that stream, and the call does not
+// wait on the host (workspace.h). A capture workspace is zeroed on m3qkv's
+// own stream, synchronously, never on the capturing stream.
+TEST_F(HostContext, WorkspaceZeroingIsStreamOrderedOutsideCapture) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s = fake_cuda().new_stream(current_ctx());
+  void* direct = workspace(d, s, 256);
+  ASSERT_EQ(fake_cuda().memset_streams.size(), 1u);
+  EXPECT_EQ(fake_cuda().memsets[0].first, direct);
+  EXPECT_EQ(fake_cuda().memset_streams[0], s) << "not zeroed on the caller's stream";
+  EXPECT_TRUE(fake_cuda().synchronized.empty()) << "a direct call waited on the host for the zeroing";
+  EXPECT_EQ(fake_cuda().streams_created, 0) << "a direct call made a stream";
+  workspace(d, s, size_t{1} << 20);  // growth: the same rule
+  ASSERT_EQ(fake_cuda().memset_streams.size(), 2u);
+  EXPECT_EQ(fake_cuda().memset_streams[1], s);
+  EXPECT_TRUE(fake_cuda().synchronized.empty());
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().capturing.insert(s);
+  }
+  void* captured = workspace(d, s, 256);
+  ASSERT_EQ(fake_cuda().memset_streams.size(), 3u);
+  EXPECT_EQ(fake_cuda().memsets[2].first, captured);
+  EXPECT_EQ(fake_cuda().streams_created, 1) << "no zeroing stream of m3qkv's own";
+  const cudaStream_t zero = fake_cuda().memset_streams[2];
+  EXPECT_NE(zero, s) << "a capture workspace was zeroed on the capturing stream (the memset would be captured)";
+  ASSERT_EQ(fake_cuda().synchronized.size(), 1u);
+  EXPECT_EQ(fake_cuda().synchronized[0], zero) << "the capture workspace's zeroing was not waited for";
+  const cudaStream_t s2 = fake_cuda().new_stream(current_ctx());
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().capturing.insert(s2);
+  }
+  workspace(d, s2, 256);
   EXPECT_EQ(fake_cuda().streams_created, 1) << "one zeroing stream per context";
+  EXPECT_EQ(fake_cuda().memset_streams.back(), zero);
 }
 
 TEST_F(HostContext, WorkspaceFailureIsReportedAndRetried) {
