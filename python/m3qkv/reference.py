@@ -137,6 +137,21 @@ def f32_to_bf16(x: torch.Tensor) -> torch.Tensor:
     return _u16_to_bf16(r)
 
 
+def bf16_ulps_at_head_scale(want: torch.Tensor, got: torch.Tensor) -> torch.Tensor:
+    """|got - want| of bf16 head rows [..., 128·h] in bf16 ulps at each element's
+    scale: the larger of |want| and its head row's RMS. An accumulator that is
+    not exact (random data, f32 against the f64 reference) moves every output
+    by a tiny amount at the row's scale; where RoPE cancels (a·cos - b·sin near
+    0) that amount is many ulps of the small result itself, so ulps of |want|
+    alone flag correct kernels (159 of them on a simulated 2^-22 accumulator
+    error, 1 at the row scale)."""
+    a, b = want.float(), got.float()
+    rows = a.reshape(-1, HEAD)
+    rms = rows.pow(2).mean(-1, keepdim=True).sqrt().expand_as(rows).reshape(a.shape)
+    scale = torch.maximum(a.abs(), rms).clamp(min=2.0 ** -120)
+    return (a - b).abs() / torch.exp2(torch.floor(torch.log2(scale)) - 7)
+
+
 def f32_to_e4m3(x: torch.Tensor) -> torch.Tensor:
     """cvt.rn.satfinite.e4m3x2.f32 as uint8 codes: RN-even (subnormals down to
     2^-9), |x| >= 448 and ±inf -> ±448, any NaN -> 0x7F."""

@@ -134,7 +134,8 @@ def test_insert_and_gemm_and_quantize_bit_exact():
 
 def test_fused_random_data_within_tolerance():
     """Random data: the accumulator is not exact, so outputs are compared with
-    the reference on the f64 accumulator within one bf16 ulp for q_out."""
+    the reference on the f64 accumulator within one bf16 ulp at the head row's
+    scale for q_out (reference.bf16_ulps_at_head_scale says why that scale)."""
     p = make_problem("TP4", m=64, k=1024, exact=False)
     g = cuda(p)
     acc = ref.mxfp8_acc(p["xq"], p["xsf"], p["wq"], p["wsf"])
@@ -142,9 +143,8 @@ def test_fused_random_data_within_tolerance():
     out = make_outputs(p, POISON, device="cuda")
     run_fused(g, out)
     torch.cuda.synchronize()
-    a, b = want["q_out"].float(), out["q_out"].cpu().float()
-    ulp = torch.exp2(torch.floor(torch.log2(a.abs().clamp(min=2.0 ** -120))) - 7)
-    assert ((a - b).abs() <= ulp).all(), f"seed {p['seed']}: q_out beyond 1 bf16 ulp"
+    worst = ref.bf16_ulps_at_head_scale(want["q_out"], out["q_out"].cpu()).max().item()
+    assert worst <= 1.0, f"seed {p['seed']}: q_out {worst:.0f} bf16 ulps from the reference at the row scale"
     same = (raw_bytes(want["kv_cache"]) == raw_bytes(out["kv_cache"]).cpu()).float().mean().item()
     assert same > 0.99, f"seed {p['seed']}: only {same:.4f} of the KV cache bytes match"
 

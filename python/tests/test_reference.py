@@ -145,3 +145,26 @@ def test_dense_cache_formats_write_only_valid_slots(kind):
     want = acc[t, (p["nq"] + nkv) * 128:(p["nq"] + 2 * nkv) * 128].view(nkv, 128)
     sc = p["v_scale"] if dt == torch.float8_e4m3fn else 1.0
     assert torch.allclose(got * sc, want, rtol=0.07, atol=1e-2)
+
+
+def test_bf16_ulps_at_head_scale():
+    """The q_out tolerance of the random-data checks (demo, test_gpu): ulps at
+    the larger of |want| and the head row's RMS."""
+    g = torch.Generator().manual_seed(11)
+    want = (torch.randn(3, 2 * ref.HEAD, generator=g)).to(torch.bfloat16)
+    want[0, 5] = 2.0 ** -12  # a RoPE cancellation: far below its row's RMS (about 1)
+    assert ref.bf16_ulps_at_head_scale(want, want).max().item() == 0.0
+    rms = want[0, :ref.HEAD].float().pow(2).mean().sqrt().item()
+    row_ulp = 2.0 ** (math.floor(math.log2(rms)) - 7)
+    for ulps in (1, 2):
+        got = want.clone()
+        got[0, 5] = (want[0, 5].float() + ulps * row_ulp).to(torch.bfloat16)
+        d = ref.bf16_ulps_at_head_scale(want, got)
+        assert d[0, 5].item() == float(ulps), (ulps, d[0, 5].item())
+        assert d.sum().item() == float(ulps), "an element that did not change counted"
+    # A large element: ulps of its own magnitude.
+    big = int(want[1, :ref.HEAD].float().abs().argmax())
+    got = want.clone()
+    own_ulp = 2.0 ** (math.floor(math.log2(abs(want[1, big].item()))) - 7)
+    got[1, big] = (want[1, big].float() + own_ulp).to(torch.bfloat16)
+    assert ref.bf16_ulps_at_head_scale(want, got)[1, big].item() == 1.0
