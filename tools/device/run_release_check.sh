@@ -69,8 +69,9 @@ if [[ ${PY:-1} == 1 ]]; then
   tail -60 "$OUT/py.tmp" >>"$EXTRA"
   rm -f "$OUT/py.tmp"
   env "${py_env[@]}" timeout 30 python3 -m m3qkv.demo --m 256 >>"$EXTRA" 2>&1
+  demo_rc=$?
   env "${py_env[@]}" timeout 60 python3 python/tools/measure_overhead.py --m 1,64,256 >>"$EXTRA" 2>&1
-  note "python tests rc=$py_rc"
+  note "python tests rc=$py_rc, python demo rc=$demo_rc, overhead rc=$?"
 fi
 
 if [[ ${BENCH:-1} == 1 ]]; then
