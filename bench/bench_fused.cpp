@@ -38,8 +38,10 @@
 // tools/bench_table.py turns the JSON output into the per-TP tables.
 // Last, host_fused_qkv / host_insert / host_gemm / host_quantize (issue 12):
 // the CPU time of the call itself with the GPU idle, its phases and the
-// kernel time beside it (see bench_host); select them with
-// --benchmark_filter='^host_'.
+// kernel time beside it (see bench_host), and the same measurement of
+// host_cublas_bf16 / host_cublaslt_fp8 (one cuBLAS call, TP4) and
+// host_launch_empty (a bare cudaLaunchKernelEx with PDL: the launch floor of
+// this host); select them with --benchmark_filter='^host_'.
 //
 // Cold-L2 methodology: every op rotates over R input/output sets with
 // R·(per-call bytes) ≥ 3 × L2, so no call finds its weights in L2. R is one
@@ -1028,7 +1030,10 @@ double target_seconds() {
 // kernel time of the same call (kernel_us: a CUDA graph of 16 calls on one
 // set, warm L2, replayed 5 times). Counter checked = 1 when the process runs
 // with M3QKV_CHECKED=1 (run the filter twice to price checked mode).
-enum class HostOp { kFused, kInsert, kGemm, kQuantize };
+// The host-cost ops: m3qkv's four, and beside them in the same run the same
+// measurement of a cuBLAS bf16 GEMM call, a cuBLASLt fp8 matmul call and a
+// bare cudaLaunchKernelEx of an empty kernel (what a launch costs this host).
+enum class HostOp { kFused, kInsert, kGemm, kQuantize, kCublasBf16, kCublasLtFp8, kEmptyLaunch };
 
 // bf16 x [M, K] -> xq, xsf for host_quantize (one set; contents irrelevant).
 struct QuantizeSet {
@@ -1104,6 +1109,9 @@ void bench_host(benchmark::State& state, HostOp op) {
   const M3Set& set = s->sets[0];
   const m3qkv_quantize_args* qa = op == HostOp::kQuantize ? quantize_args(m) : nullptr;
   if (op == HostOp::kQuantize && !qa) return skip_setup(state);
+  const bool blas = op == HostOp::kCublasBf16 || op == HostOp::kCublasLtFp8;
+  BlasSets* bs = blas ? blas_sets(h, m, op == HostOp::kCublasLtFp8) : nullptr;
+  if (blas && !bs) return skip_setup(state);
   cudaStream_t stream = dev().stream;
   auto call = [&]() -> m3qkv_status {
     switch (op) {
@@ -1111,6 +1119,12 @@ void bench_host(benchmark::State& state, HostOp op) {
       case HostOp::kInsert: return m3qkv_qknorm_rope_kv_insert(&set.insert, stream);
       case HostOp::kGemm: return m3qkv_mxfp8_gemm(&set.gemm, stream);
       case HostOp::kQuantize: return m3qkv_mxfp8_quantize(qa, stream);
+      case HostOp::kCublasBf16:
+      case HostOp::kCublasLtFp8:
+        return blas_gemm(*bs, bs->sets[0], op == HostOp::kCublasLtFp8).empty() ? M3QKV_SUCCESS
+                                                                                 : M3QKV_ERROR_CUDA_ERROR;
+      case HostOp::kEmptyLaunch:
+        return m3qkv_bench_empty_launch(stream) == cudaSuccess ? M3QKV_SUCCESS : M3QKV_ERROR_CUDA_ERROR;
     }
     return M3QKV_ERROR_INTERNAL;
   };
@@ -1141,12 +1155,13 @@ void bench_host(benchmark::State& state, HostOp op) {
     host_us.push_back(sec * 1e6);
   }
   cudaStreamSynchronize(stream);
-  // The breakdown, in a second pass with the phase marks on.
+  // The breakdown, in a second pass with the phase marks on (m3qkv's ops only).
   unsigned long long ns[16] = {};
-  const int phases = m3qkv_testing_host_phases(ns, 16);
+  const bool ours = op == HostOp::kFused || op == HostOp::kInsert || op == HostOp::kGemm || op == HostOp::kQuantize;
+  const int phases = ours ? m3qkv_testing_host_phases(ns, 16) : 0;
   std::vector<std::vector<double>> per_phase(static_cast<size_t>(phases));
-  m3qkv_testing_host_timing(1);
-  for (int i = 0; i < 500; ++i) {
+  if (ours) m3qkv_testing_host_timing(1);
+  for (int i = 0; i < (ours ? 500 : 0); ++i) {
     cudaStreamSynchronize(stream);
     if (call() != M3QKV_SUCCESS) break;
     m3qkv_testing_host_phases(ns, 16);
@@ -1181,7 +1196,10 @@ void register_host() {
     add("host_insert", kHeads[0], m, HostOp::kInsert);
     add("host_gemm", kHeads[0], m, HostOp::kGemm);
     add("host_quantize", kHeads[0], m, HostOp::kQuantize);
+    add("host_cublas_bf16", kHeads[0], m, HostOp::kCublasBf16);
+    add("host_cublaslt_fp8", kHeads[0], m, HostOp::kCublasLtFp8);
   }
+  add("host_launch_empty", kHeads[0], 1, HostOp::kEmptyLaunch);
 }
 
 void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {

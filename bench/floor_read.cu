@@ -31,3 +31,20 @@ cudaError_t m3qkv_bench_floor_read(const void* a, size_t a_bytes, const void* b,
                                            b_bytes / 16, sink);
   return cudaGetLastError();
 }
+
+namespace {
+__global__ void empty_kernel(int) {}
+}  // namespace
+
+cudaError_t m3qkv_bench_empty_launch(cudaStream_t s) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(132);
+  cfg.blockDim = dim3(128);
+  cfg.stream = s;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, empty_kernel, 0);
+}

@@ -9,3 +9,7 @@
 // `sink` holds `blocks` words.
 cudaError_t m3qkv_bench_floor_read(const void* a, size_t a_bytes, const void* b, size_t b_bytes, uint32_t* sink,
                                    int blocks, cudaStream_t s);
+// One launch of an empty kernel (132 CTAs of 128 threads) through
+// cudaLaunchKernelEx with the PDL attribute, as m3qkv launches its kernels:
+// the host-cost entries' floor for the launch phase (host_launch_empty).
+cudaError_t m3qkv_bench_empty_launch(cudaStream_t s);
