@@ -98,10 +98,15 @@ run_step() {
 }
 
 # gtest counts from a log, robust to a run cut short: "[       OK ]",
-# "[  FAILED  ] X (N ms)", "[  SKIPPED ] X (N ms)" lines, one per test.
+# "[  FAILED  ] X (N ms)", "[  SKIPPED ] X (N ms)" lines, one per test. The
+# output of child processes (printed between "---- child" and "---- end of
+# child ----" by expect_child_passes) is not counted: its test is the parent's.
 gtest_counts() { # log [start line] -> "pass fail skip"
   local log=$1 from=${2:-1}
   tail -n +"$from" "$log" | awk '
+    /^---- child / {child = 1; next}
+    /^---- end of child ----/ {child = 0; next}
+    child {next}
     /^\[       OK \]/ {p++}
     /^\[  FAILED  \] .*\([0-9]+ ms\)$/ {f++}
     /^\[  SKIPPED \] .*\([0-9]+ ms\)$/ {s++}
