@@ -129,7 +129,6 @@ struct Params {
   int32_t units;         // heads · token_blocks · split
   const uint8_t* xsf;    // F8_128x4 [ceil(M/128)·128, K/32]
   const uint8_t* wsf;    // F8_128x4 [N, K/32]
-  const uint8_t* wq;     // e4m3 [N, K] (the tensor map's tensor): the L2 prefetch ahead of the PDL wait
   uint32_t* counters;    // workspace: [heads · token_blocks] arrival counters, zero between launches
   float* partials;       // workspace: [units][NT][128] f32 partial slots
   float* acc_tap;        // test only: f32 accumulator [M, N], or null

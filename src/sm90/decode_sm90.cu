@@ -13,8 +13,6 @@
 //   warp 8     TMA producer (one elected lane): per 128-K stage the head's
 //              weight tile, the token block's activation tile and both scale
 //              chunks, through a ring of kStages stages.
-//   warps 9-11 at entry, before the PDL wait: the first unit's weights into
-//              L2 (prefetch_first_unit_weights); then idle.
 //
 // K permutation. The A fragment of wgmma m64nNk16 gives lane q = l % 4 the
 // logical columns {2q, 2q+1, 2q+8, 2q+9} of each k16 step (ptx/wgmma.cuh). A
@@ -45,7 +43,6 @@
 #include "ptx/globaltimer.cuh"
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
-#include "ptx/prefetch.cuh"
 #include "ptx/setmaxnreg.cuh"
 #include "ptx/sm90_extra.cuh"
 #include "ptx/tma.cuh"
@@ -165,8 +162,9 @@ __device__ __forceinline__ void producer(const Params& p, const CUtensorMap* tma
   trace_event(p, kTrSetup);
   ptx::prefetch_tensormap(tmap_w);
   ptx::prefetch_tensormap(tmap_x);
-  // (The weights' L2 prefetch ahead of the wait is warps 9-11's:
-  // prefetch_first_unit_weights says why not here, on the copy engine.)
+  // (An L2 prefetch of the unit's weight tiles here, ahead of the wait, put
+  // the whole unit's stream in front of the first stage's load on the copy
+  // engine: first stage 6.2 µs after entry on a cold L2; H200 timeline, run 3.)
   griddepcontrol_wait();
   trace_event(p, kTrPdlDone);
   Ring<C::kStages> ring;
@@ -186,28 +184,6 @@ __device__ __forceinline__ void producer(const Params& p, const CUtensorMap* tma
       ring.advance();
     }
   }
-}
-
-// Warps 9-11 at entry, before any dependency wait: the CTA's first unit's
-// weight rows (one 128-B line per row and stage, stage k0's rows first) and
-// weight-scale chunks into L2, so that under PDL they stream while the
-// previous kernel finishes (its tail leaves HBM mostly idle). Plain prefetches
-// from the LSU, not TMA bulk prefetches: those queue on the copy engine in
-// front of the stage loads (first stage 6.2 µs after entry on a cold L2, H200
-// timeline, run 3 of the second session). A prefetch cannot make a later load
-// stale (ptx/prefetch.cuh), so the weights may even be the previous kernel's
-// output. `i` of `n` threads.
-__device__ __forceinline__ void prefetch_first_unit_weights(const Params& p, int i, int n) {
-  if (static_cast<int>(blockIdx.x) >= p.units) return;
-  const splitk::Unit w = unit_of(p, static_cast<int>(blockIdx.x));
-  const int64_t row_bytes = static_cast<int64_t>(p.k_stages) * kBK;
-  const uint8_t* rows = p.wq + static_cast<int64_t>(w.head) * kHeadRows * row_bytes;
-  const int lines = (w.k1 - w.k0) * kHeadRows;
-  for (int j = i; j < lines; j += n)
-    ptx::prefetch_global_l2(rows + static_cast<int64_t>(j % kHeadRows) * row_bytes +
-                            static_cast<int64_t>(w.k0 + j / kHeadRows) * kBK);
-  const uint8_t* wsf = p.wsf + (static_cast<int64_t>(w.head) * p.k_stages + w.k0) * kSfChunk;
-  for (int j = i; j < (w.k1 - w.k0) * kSfChunk / 128; j += n) ptx::prefetch_global_l2(wsf + 128 * j);
 }
 
 // The end of a unit in the 256 consumer threads: accumulators -> T, then the
@@ -303,11 +279,6 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
   const int r = 64 * wg + 16 * warp + l / 4;  // weight rows r and r + 8 of the head
   const int n = t % NT;                       // this thread's converter token
   float* T = reinterpret_cast<float*>(smem + C::kRingOff);
-  // Every thread triggers at its start (PTX leaves open whether one thread's
-  // trigger counts for its CTA): the next grid may then be scheduled on SMs
-  // this one leaves, and start its weight prefetch there (it still waits for
-  // this grid's completion in its own griddepcontrol.wait).
-  griddepcontrol_launch_dependents();
   griddepcontrol_wait();  // the epilogue reads inputs and the workspace of this launch
 
   Ring<C::kStages> ring;
@@ -374,9 +345,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {
-    // Before the register hand-off: the prefetch loop needs more than kProducerRegs.
-    if (threadIdx.x / 32 != kProducerWarp)
-      prefetch_first_unit_weights(p, static_cast<int>(threadIdx.x) - kConsumerThreads - 32, kWarpgroup - 32);
     ptx::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x / 32 == kProducerWarp) {
       if (ptx::elect_sync()) producer<NT>(p, &tmap_w, &tmap_x, base + C::kStageOff, full0, empty0);

@@ -113,7 +113,6 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   p.units = static_cast<int32_t>(plan.units);
   p.xsf = static_cast<const uint8_t*>(a.xsf);
   p.wsf = static_cast<const uint8_t*>(a.wsf);
-  p.wq = static_cast<const uint8_t*>(a.wq);
   p.counters = nullptr;
   p.partials = nullptr;
   if (plan.split > 1) {
