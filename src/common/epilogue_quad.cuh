@@ -42,78 +42,34 @@ struct QuadHead {
   uint32_t wv[kHeadDim / 8];
 };
 
-// The head's kind only (no loads; wv left for quad_head_weights).
-__device__ __forceinline__ QuadHead quad_head_kind(const EpilogueParams& e, int head) {
+__device__ __forceinline__ QuadHead quad_head(const EpilogueParams& e, int head, int q) {
   QuadHead h;
   h.hi = head_info(head, e.nq, e.nkv, e.niq);
   h.norm = h.hi.kind != HeadKind::V;
-  return h;
-}
-// This lane's norm weights into h->wv (one round of loads).
-__device__ __forceinline__ void quad_head_weights(const EpilogueParams& e, int q, QuadHead* h) {
-  const uint16_t* w = h->hi.kind == HeadKind::Q        ? e.q_norm_weight
-                      : h->hi.kind == HeadKind::K      ? e.k_norm_weight
-                      : h->hi.kind == HeadKind::IndexQ ? e.index_q_norm_weight
-                                                       : e.index_k_norm_weight;
+  const uint16_t* w = h.hi.kind == HeadKind::Q        ? e.q_norm_weight
+                      : h.hi.kind == HeadKind::K      ? e.k_norm_weight
+                      : h.hi.kind == HeadKind::IndexQ ? e.index_q_norm_weight
+                                                      : e.index_k_norm_weight;
 #pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j)
-    h->wv[j] = h->norm ? *reinterpret_cast<const uint32_t*>(w + 8 * j + 2 * q) : 0u;
-}
-__device__ __forceinline__ QuadHead quad_head(const EpilogueParams& e, int head, int q) {
-  QuadHead h = quad_head_kind(e, head);
-  quad_head_weights(e, q, &h);
+  for (int j = 0; j < kHeadDim / 8; ++j) h.wv[j] = h.norm ? *reinterpret_cast<const uint32_t*>(w + 8 * j + 2 * q) : 0u;
   return h;
-}
-
-// The per-row inputs of quad_row_epilogue, in two dependent rounds of loads
-// that a caller may issue apart from it (the decode kernels' last arriver:
-// the ids before its arrival, the RoPE words beside its partial loads, so
-// that neither round follows the sum). Raw values only: the flags are raised
-// by quad_row_epilogue, under epilogue_head_row's conditions.
-constexpr int kCsWords = kRopeHalf / 8;  // cos (and sin) words per lane
-struct QuadRowInputs {
-  int64_t slot_raw = -1, pos_raw = 0;
-  uint32_t cs_w[kCsWords] = {}, sn_w[kCsWords] = {};
-};
-// Round 1: the slot id of the head's cache and the position (where read).
-__device__ __forceinline__ void quad_row_ids(const EpilogueParams& e, const QuadHead& h, int64_t row, bool valid,
-                                             QuadRowInputs* in) {
-  const HeadKind kind = h.hi.kind;
-  const bool kv = kind == HeadKind::K || kind == HeadKind::V;
-  in->slot_raw = !valid ? -1 : kv ? e.slot_mapping[row] : kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
-  in->pos_raw = valid && h.norm ? e.positions[row] : 0;
-}
-// Round 2: this lane's cos / sin words of the clamped position (normed heads).
-// The epilogue uses them only where epilogue_head_row reads the position;
-// elsewhere (an invalid row, a skipped cache slot) nothing they feed is stored.
-__device__ __forceinline__ void quad_row_rope(const EpilogueParams& e, const QuadHead& h, int q, QuadRowInputs* in) {
-  const int64_t pos = in->pos_raw < 0 ? 0 : in->pos_raw >= e.max_position ? e.max_position - 1 : in->pos_raw;
-  const uint16_t* cs = e.cos_sin_cache + pos * kRopeDim;
-#pragma unroll
-  for (int j = 0; j < kCsWords; ++j) {
-    in->cs_w[j] = h.norm ? *reinterpret_cast<const uint32_t*>(cs + 8 * j + 2 * q) : 0u;
-    in->sn_w[j] = h.norm ? *reinterpret_cast<const uint32_t*>(cs + kRopeHalf + 8 * j + 2 * q) : 0u;
-  }
-}
-__device__ __forceinline__ QuadRowInputs quad_row_inputs(const EpilogueParams& e, const QuadHead& h, int64_t row,
-                                                         bool valid, int q) {
-  QuadRowInputs in;
-  quad_row_ids(e, h, row, valid, &in);
-  quad_row_rope(e, h, q, &in);
-  return in;
 }
 
 // The whole epilogue of token `row` for head `h` on this lane's 32 values
-// (modified in place), on the row's inputs `in` (quad_row_inputs of the same
-// row, head, valid and q). Called by every lane of the warp; `valid` (the same
+// (modified in place). Called by every lane of the warp; `valid` (the same
 // for the four lanes of a quad) says whether the row exists and is this
 // caller's to store.
 __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const QuadHead& h, int64_t row, bool valid,
-                                                  float (&y)[kQuadValues], int q, const QuadRowInputs& in) {
+                                                  float (&y)[kQuadValues], int q) {
   const HeadKind kind = h.hi.kind;
   const int c0 = 2 * q;
   const bool kv = kind == HeadKind::K || kind == HeadKind::V;
-  const int64_t slot_raw = in.slot_raw;
+
+  // Per-row inputs in two dependent rounds of loads: the slot and position
+  // words, then the RoPE cos/sin words.
+  const int64_t slot_raw =
+      !valid ? -1 : kv ? e.slot_mapping[row] : kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
+  const int64_t pos_raw = valid && h.norm ? e.positions[row] : 0;
   bool to_cache = false;
   SlotAddr sa = {0, 0};
   // NVFP4: the slot base. FP8 / BF16: this lane's first element (column c0).
@@ -142,12 +98,17 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
                       : e.index_cache + index_flat_offset(sa.page, sa.token, c0, e.index_page_stride,
                                                           flat_elem_bytes(cache_dtype));
   }
-  // Position guard only where epilogue_head_row reads the position (the
-  // cos / sin words in `in` are of the same clamped position).
+  // Position guard only where epilogue_head_row reads the position.
   const bool reads_pos = h.norm && valid && (kind == HeadKind::Q || kind == HeadKind::IndexQ || to_cache);
-  if (reads_pos) (void)clamp_position(in.pos_raw, e.max_position, e.error_flags);
-  const uint32_t* cs_w = in.cs_w;
-  const uint32_t* sn_w = in.sn_w;
+  const int64_t pos = reads_pos ? clamp_position(pos_raw, e.max_position, e.error_flags) : 0;
+  constexpr int kCsWords = kRopeHalf / 8;  // cos (and sin) words per lane
+  uint32_t cs_w[kCsWords], sn_w[kCsWords];
+  const uint16_t* cs = e.cos_sin_cache + pos * kRopeDim;
+#pragma unroll
+  for (int j = 0; j < kCsWords; ++j) {
+    cs_w[j] = h.norm ? *reinterpret_cast<const uint32_t*>(cs + 8 * j + c0) : 0u;
+    sn_w[j] = h.norm ? *reinterpret_cast<const uint32_t*>(cs + kRopeHalf + 8 * j + c0) : 0u;
+  }
 
   if (h.norm) {
     float s = 0.0f;
@@ -232,12 +193,6 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
       }
     }
   }
-}
-
-// The same with the row's inputs loaded here (both rounds, then the epilogue).
-__device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const QuadHead& h, int64_t row, bool valid,
-                                                  float (&y)[kQuadValues], int q) {
-  quad_row_epilogue(e, h, row, valid, y, q, quad_row_inputs(e, h, row, valid, q));
 }
 
 }  // namespace epi

@@ -38,29 +38,12 @@ M3_HD int tile_index(int n, int c) { return n * kHeadCols + (c ^ ((n & 3) << 3))
 // `on_arrived()` runs in every thread once the unit is counted (split > 1;
 // timeline hook). Returns whether this unit was the last arriver; ends with a barrier
 // after which T may be overwritten.
-// Register-bound choices, per kernel (the SM100 decode variant's NT = 64 / 128
-// instances spill 4 bytes with either of the larger ones; SM90's do not):
-// `kEarlyIds` loads the first row's slot / position ids before the arrival
-// (below); `kBatch` partials are loaded at a time by the last arriver (one
-// round for S <= kBatch).
-template <int NT, int kThreads, uint32_t kBarrier, bool kEarlyIds, int kBatch, class P, class OnArrived>
+template <int NT, int kThreads, uint32_t kBarrier, class P, class OnArrived>
 __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, int t, float* T,
                                             volatile uint32_t* flag, int skip_split, OnArrived&& on_arrived) {
   static_assert(kThreads % 32 == 0 && NT % 8 == 0, "whole warps; quads cover 8-token groups");
   const int q = t % 4;
   const int mt = min(NT, p.m - w.tb * NT);  // tokens of this block
-  // The epilogue's inputs of this thread's first row (quad t/4): the ids
-  // (slot, position) now, in every unit (which one arrives last is not known
-  // yet), so that their loads overlap the partial stores and the arrival;
-  // the norm weights and the RoPE words (which need the position) right
-  // after the arrival, beside the partial loads. Neither round then follows
-  // the sum (they did: 2 dependent rounds after 2 rounds of partial loads on
-  // the last arriver's path). Only the ids (4 registers) live across the
-  // arrival: the norm weights there spilled the NT = 128 instances.
-  epi::QuadHead head = epi::quad_head_kind(p.epi, w.head);
-  const int n0 = t / 4;
-  epi::QuadRowInputs in;
-  if (kEarlyIds) epi::quad_row_ids(p.epi, head, static_cast<int64_t>(w.tb) * NT + n0, n0 < mt, &in);
   bool last = true;
   if (p.split > 1) {
     float* slot = p.partials + static_cast<int64_t>(u) * NT * kHeadCols;
@@ -86,16 +69,14 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
     last = *flag != 0u;
     on_arrived();
     if (last) {
-      if (!kEarlyIds) epi::quad_row_ids(p.epi, head, static_cast<int64_t>(w.tb) * NT + n0, n0 < mt, &in);
-      epi::quad_head_weights(p.epi, q, &head);
-      epi::quad_row_rope(p.epi, head, q, &in);
       const float* base = p.partials + static_cast<int64_t>(u - w.s) * NT * kHeadCols;
       for (int i = t; i < mt * (kHeadCols / 4); i += kThreads) {
         const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
-        // Loads in batches of kBatch (independent, in flight together), then
-        // the sum in the fixed order s = 0, 1, ... This unit's own partial is
-        // read back from T: the same bits as its slot. (One load at a time:
-        // ~1 µs per split on the last arriver's path, H200 timeline run 3.)
+        // Loads in batches (independent, in flight together), then the sum in
+        // the fixed order s = 0, 1, ... This unit's own partial is read back
+        // from T: the same bits as its slot. (One load at a time: ~1 µs per
+        // split on the last arriver's path, H200 timeline run 3.)
+        constexpr int kBatch = 4;
         float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
         bool have = false;
         for (int s0 = 0; s0 < p.split; s0 += kBatch) {
@@ -128,14 +109,10 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
     }
   }
   if (last) {
-    if (p.split <= 1) {
-      if (!kEarlyIds) epi::quad_row_ids(p.epi, head, static_cast<int64_t>(w.tb) * NT + n0, n0 < mt, &in);
-      epi::quad_head_weights(p.epi, q, &head);
-      epi::quad_row_rope(p.epi, head, q, &in);
-    }
     // Epilogue: quad t/4 takes token rows t/4, t/4 + kThreads/4, ...; lane q
     // holds columns 8j + 2q + b in y[2j + b] (epi::quad_row_epilogue's layout).
-    for (int n = n0; n < NT; n += kThreads / 4) {  // warp-uniform: NT % 8 == 0
+    const epi::QuadHead head = epi::quad_head(p.epi, w.head, q);
+    for (int n = t / 4; n < NT; n += kThreads / 4) {  // warp-uniform: NT % 8 == 0
       const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
       const bool valid = n < mt;
       float y[epi::kQuadValues];
@@ -151,8 +128,7 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
         for (int j = 0; j < kHeadCols / 8; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
       }
-      if (n != n0) in = epi::quad_row_inputs(p.epi, head, row, valid, q);  // rows past the first (NT = 128)
-      epi::quad_row_epilogue(p.epi, head, row, valid, y, q, in);
+      epi::quad_row_epilogue(p.epi, head, row, valid, y, q);
     }
   }
   // T is reused by the next unit.

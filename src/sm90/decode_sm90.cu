@@ -204,7 +204,7 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
 #pragma unroll
       for (int b = 0; b < 2; ++b) T[tile_index(8 * j + 2 * q + b, r0 + 8 * h)] = acc[4 * j + 2 * h + b];
   ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed, /*kEarlyIds=*/true, /*kBatch=*/8>(p, w, u, t, T, flag, /*skip_split=*/-1, [&] {
+  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed>(p, w, u, t, T, flag, /*skip_split=*/-1, [&] {
     if (t == 0) trace_event(p, kTrArrived);
   });
 }
