@@ -13,7 +13,8 @@
 //    d's primary context and (with two GPUs) none on another device.
 //  - HostContexts.SecondContextOnTheSameDevice: calls inside a context of
 //    cuCtxCreate, and from the primary context on that context's stream.
-//  - HostContexts.WarmupKeepsTheCallersContext, StreamOfAnotherDevice (two GPUs).
+//  - HostContexts.WarmupKeepsTheCallersContext, StreamOfAnotherDevice,
+//    TwoDevicesTwoThreads (two GPUs; skipped with one).
 //  - HostChecked.* (children, M3QKV_CHECKED=1): a valid call passes; a host
 //    pointer, a freed pointer, a buffer one byte too small, a buffer past its
 //    VMM mapping and another device's buffer are rejected with a message,
@@ -416,6 +417,51 @@ TEST(HostContexts, StreamOfAnotherDevice) {
     golden_epilogue(p, acc.data(), &want);
     expect_same_outputs(p, want, got, "device 1's stream from device 0");
   }
+  CUDA_OK(cudaSetDevice(0));
+}
+
+// Issue 17: two threads, one per GPU, each calling the fused op (TP4, M = 1,
+// 64, 4096; automatic backend) on its own stream for ~2 s, every output
+// checked byte for byte against the golden model, every call's status
+// SUCCESS; the calls of the two devices overlap in time.
+TEST(HostContexts, TwoDevicesTwoThreads) {
+  REQUIRE_DRIVER();
+  if (device_count() < 2) GTEST_SKIP() << "needs two GPUs";
+  struct Case {
+    Problem p;
+    std::vector<float> acc;
+  };
+  std::vector<Case> cases;
+  for (int64_t m : {int64_t{1}, int64_t{64}, int64_t{4096}}) {
+    Case c{exact_problem(kTP4, m, 1700 + static_cast<uint64_t>(m), m > 1024 ? 256 : 512), {}};
+    c.acc = golden_acc(c.p);  // host only, shared read-only by both threads
+    cases.push_back(std::move(c));
+  }
+  std::atomic<int> started{0};
+  auto body = [&](int dev, int* calls) {
+    CUDA_OK(cudaSetDevice(dev));
+    Stream s;
+    CUDA_OK(s.error());
+    std::vector<DeviceInputs> ins(cases.size());
+    for (size_t i = 0; i < cases.size(); ++i) CUDA_OK(ins[i].upload(cases[i].p));
+    started.fetch_add(1);
+    while (started.load() < 2) std::this_thread::yield();
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+    while (std::chrono::steady_clock::now() < until && !::testing::Test::HasFailure()) {
+      for (size_t i = 0; i < cases.size(); ++i) {
+        const std::string what = "device " + std::to_string(dev) + " M " + std::to_string(cases[i].p.m);
+        ASSERT_NO_FATAL_FAILURE(call_and_check(cases[i].p, cases[i].acc, ins[i], M3QKV_BACKEND_NONE, s.get(), what));
+        ++*calls;
+      }
+    }
+  };
+  int calls0 = 0, calls1 = 0;
+  std::thread t0(body, 0, &calls0), t1(body, 1, &calls1);
+  t0.join();
+  t1.join();
+  std::printf("[ info ] two devices: %d checked calls on device 0, %d on device 1\n", calls0, calls1);
+  EXPECT_GE(calls0, 3) << "device 0 made too few calls";
+  EXPECT_GE(calls1, 3) << "device 1 made too few calls";
   CUDA_OK(cudaSetDevice(0));
 }
 
