@@ -829,7 +829,7 @@ void bench_insert(benchmark::State& state, int fmt) {
 #if M3QKV_WITH_SM90
 // The SM90 kernel with an explicit mainloop variant and epilogue (issue 4:
 // measure both MX mainloops side by side before choosing).
-void bench_sm90_variant(benchmark::State& state, int variant, int epilogue) {
+void bench_sm90_variant(benchmark::State& state, int variant, int epilogue, int block_m = 0) {
   const Heads& h = arg_heads(state);
   const int64_t m = state.range(1);
   M3Sets* s = m3_sets(h, m);
@@ -841,7 +841,7 @@ void bench_sm90_variant(benchmark::State& state, int variant, int epilogue) {
   }
   timed_loop(state, int(s->sets.size()), fused_bytes(h, m), flops(h, m), 0.0, [&](int i) {
     return m3err(
-        m3qkv::sm90_fused_variant(s->sets[size_t(i)].fused, info, nullptr, dev().stream, variant, 0, epilogue));
+        m3qkv::sm90_fused_variant(s->sets[size_t(i)].fused, info, nullptr, dev().stream, variant, block_m, epilogue));
   });
 }
 
@@ -1101,7 +1101,7 @@ double kernel_us(Call& call) {
   return median_of(per_call);
 }
 
-void bench_host(benchmark::State& state, HostOp op) {
+void bench_host(benchmark::State& state, HostOp op, EmptyLaunch how = EmptyLaunch::kRuntimeExPdl) {
   const Heads& h = arg_heads(state);
   const int64_t m = state.range(1);
   M3Sets* s = m3_sets(h, m);
@@ -1124,7 +1124,7 @@ void bench_host(benchmark::State& state, HostOp op) {
         return blas_gemm(*bs, bs->sets[0], op == HostOp::kCublasLtFp8).empty() ? M3QKV_SUCCESS
                                                                                  : M3QKV_ERROR_CUDA_ERROR;
       case HostOp::kEmptyLaunch:
-        return m3qkv_bench_empty_launch(stream) == cudaSuccess ? M3QKV_SUCCESS : M3QKV_ERROR_CUDA_ERROR;
+        return m3qkv_bench_empty_launch(stream, how) == cudaSuccess ? M3QKV_SUCCESS : M3QKV_ERROR_CUDA_ERROR;
     }
     return M3QKV_ERROR_INTERNAL;
   };
@@ -1199,7 +1199,23 @@ void register_host() {
     add("host_cublas_bf16", kHeads[0], m, HostOp::kCublasBf16);
     add("host_cublaslt_fp8", kHeads[0], m, HostOp::kCublasLtFp8);
   }
-  add("host_launch_empty", kHeads[0], 1, HostOp::kEmptyLaunch);
+  const std::pair<const char*, EmptyLaunch> launches[] = {
+      {"host_launch_empty", EmptyLaunch::kRuntimeExPdl},
+      {"host_launch_runtime_nopdl", EmptyLaunch::kRuntimeEx},
+      {"host_launch_chevron", EmptyLaunch::kChevron},
+      {"host_launch_runtime_big", EmptyLaunch::kRuntimeExPdlBig},
+      {"host_launch_driver", EmptyLaunch::kDriverExPdl},
+      {"host_launch_driver_nopdl", EmptyLaunch::kDriverEx},
+      {"host_launch_driver_big", EmptyLaunch::kDriverExPdlBig},
+      {"host_launch_driver_cukernel", EmptyLaunch::kDriverKernelExPdl},
+  };
+  for (const auto& [name, how] : launches)
+    benchmark::RegisterBenchmark(name, [how](benchmark::State& st) { bench_host(st, HostOp::kEmptyLaunch, how); })
+        ->Args({kHeads[0].tp, 1})
+        ->ArgNames({"TP", "M"})
+        ->UseManualTime()
+        ->Unit(benchmark::kMicrosecond)
+        ->MinTime(0.01);
 }
 
 void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
@@ -1242,6 +1258,16 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
             add("sm90_decode", h, m, [](benchmark::State& st) { bench_sm90_path(st, true); });
             add("sm90_tile", h, m, [](benchmark::State& st) { bench_sm90_path(st, false); });
           }
+      // Prefill step 1 (issue 11): variant A with and without the activations
+      // pre-converted, on the same plan (128-row tiles forced), every TP, M >= 1024.
+      if (sm90_variants && m >= 1024) {
+        add("sm90_A_regs", h, m, [](benchmark::State& st) {
+          bench_sm90_variant(st, m3qkv::kSm90Bf16Dequant, m3qkv::kSm90EpilogueRegisters, 128);
+        });
+        add("sm90_A_preA", h, m, [](benchmark::State& st) {
+          bench_sm90_variant(st, m3qkv::kSm90Bf16DequantPreA, m3qkv::kSm90EpilogueRegisters, 128);
+        });
+      }
 #endif
       if (h.tp != kExtraTp || std::find(std::begin(kExtraMs), std::end(kExtraMs), m) == std::end(kExtraMs))
         continue;

@@ -20,6 +20,17 @@
 // Layouts: raw tiles are TMA 128-B swizzled (row r, 16-B chunk c at r·128 +
 // ((c ^ r%8)·16)); bf16 tiles are [rows][64 bf16] with the same 128-B swizzle,
 // the K-major layout wgmma's descriptor describes (ptx/wgmma.cuh).
+//
+// kPreA (prefill, docs/sm90.md "Prefill step 1"): the activations were
+// converted once per call by dequant_x_kernel below into a bf16 copy x̂
+// [M][K] (the stream workspace), so the A side needs no transform: a second
+// producer thread (warp 1) loads x̂ tiles by TMA with the 128-B swizzle
+// straight into the bf16 stages — the very bytes the transform would have
+// stored there (same dequantizer, same swizzle; TMA zero-fills rows past M as
+// zero_row_half does) — and the transform warpgroups convert the weights only:
+// half the conversion work per stage, which bounds variant A at large M.
+// Barrier change: bf_full[s] counts the transform threads plus the A
+// producer's arrive.expect_tx (its tile's bytes).
 #include "sm90/dequant_sm90.cuh"
 #include "sm90/epilogue_regs_sm90.cuh"
 #include "sm90/kernel_sm90.cuh"
@@ -29,7 +40,7 @@ namespace {
 
 constexpr int kBKbf = 64;  // bf16 stage K: one 128-byte swizzle row of bf16 per tile row
 
-template <int kCons, bool kRegEpi, bool kSplit>
+template <int kCons, bool kRegEpi, bool kSplit, bool kPreA = false>
 struct Bf16DqCfg {
   static constexpr int kBM = kRowsPerWg * kCons;
   // Transform warpgroups: 2 (each thread converts half of a row's chunks: two
@@ -38,10 +49,11 @@ struct Bf16DqCfg {
   // spill below 184 registers, and a fifth warpgroup leaves them 176.
   static constexpr int kXf = kCons == 2 && !kRegEpi ? 1 : 2;
   static constexpr int kThreads = kWarpgroup * (1 + kXf + kCons);
-  // raw (TMA) stages
-  static constexpr int kABytes = kBM * kBK;
+  // raw (TMA) stages; kPreA: the weights' tile and scale chunk only
+  static constexpr int kABytes = kPreA ? 0 : kBM * kBK;
+  static constexpr int kSfaBytes = kPreA ? 0 : kSfChunk;
   static constexpr int kBBytes = kBN * kBK;
-  static constexpr int kRawStageBytes = kABytes + kBBytes + 2 * kSfChunk;
+  static constexpr int kRawStageBytes = kABytes + kBBytes + kSfaBytes + kSfChunk;
   // bf16 stages
   static constexpr int kAbfBytes = kBM * kBKbf * 2;
   static constexpr int kBbfBytes = kBN * kBKbf * 2;
@@ -57,14 +69,15 @@ struct Bf16DqCfg {
   //   BM 128 (kCons 2)  raw 2, bf16 2   raw 3, bf16 3
   //   BM 64  (kCons 1)  raw 3, bf16 4   raw 4, bf16 5
   //   BM 64, split-K    raw 3, bf16 4   raw 3, bf16 4   (+ the 32 KiB partial block)
+  //   BM 128, kPreA     -               raw 3, bf16 5   (a raw stage is the B half only: 16.5 KiB)
   static constexpr int kRawStages = kCons == 2 ? (kRegEpi ? 3 : 2) : (kRegEpi && !kSplit ? 4 : 3);
-  static constexpr int kBfStages = kCons == 2 ? (kRegEpi ? 3 : 2) : (kRegEpi && !kSplit ? 5 : 4);
+  static constexpr int kBfStages = kPreA ? 5 : kCons == 2 ? (kRegEpi ? 3 : 2) : (kRegEpi && !kSplit ? 5 : 4);
   static constexpr int kAOff = 0;
   static constexpr int kBOff = kAOff + kRawStages * kABytes;
   static constexpr int kAbfOff = kBOff + kRawStages * kBBytes;
   static constexpr int kBbfOff = kAbfOff + kBfStages * kAbfBytes;
   static constexpr int kSfaOff = kBbfOff + kBfStages * kBbfBytes;
-  static constexpr int kSfbOff = kSfaOff + kRawStages * kSfChunk;
+  static constexpr int kSfbOff = kSfaOff + kRawStages * kSfaBytes;
   static constexpr int kStgOff = kSfbOff + kRawStages * kSfChunk;
   static constexpr int kBarOff = kStgOff + kStagingBytes;
   static constexpr int kSmemBytes = kBarOff + 8 * (2 * kRawStages + 2 * kBfStages + 2) + kSwizzleAtom;
@@ -81,6 +94,9 @@ struct Bf16DqCfg {
                 "shared memory budget");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget");
   static_assert(!kSplit || kCons == 1, "split-K: one consumer warpgroup");
+  static_assert(!kPreA || (kCons == 2 && kRegEpi && !kSplit), "kPreA: the one prefill instance (BM 128, registers)");
+  // bf_full: every transform thread, plus the A producer's arrive.expect_tx.
+  static constexpr int kBfFullArrivals = kXf * kWarpgroup + (kPreA ? 1 : 0);
   static_assert(kABytes % kSwizzleAtom == 0 && kAbfBytes % kSwizzleAtom == 0 && kBbfBytes % kSwizzleAtom == 0,
                 "tiles 1024-B aligned");
   static_assert(kBKbf * 2 == kSwizzleBytes, "one swizzle row of bf16 per tile row and bf16 stage");
@@ -142,12 +158,37 @@ __device__ __forceinline__ void zero_row_half(uint8_t* bf_tile, int r, int x) {
   }
 }
 
-template <int kCons, bool kRegEpi, bool kSplit>
-__global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBound, 1)
+// kPreA: the A producer (warp 1's elected thread). Per bf16 stage, after the
+// consumers released it (bf_empty), the x̂ tile [BM rows][64 bf16] by TMA
+// (x̂ as bytes: K 64·(2ks + h) is byte column 128·(2ks + h)), completing on
+// bf_full with its bytes; the transform's B half arrives on the same barrier.
+template <int kBM, int kBfStages>
+__device__ __forceinline__ void produce_a_bf16(const KernelParams& p, const Work& wk, const CUtensorMap* tmap_xbf,
+                                               uint32_t abf0, uint32_t bf_full0, uint32_t bf_empty0) {
+  constexpr uint32_t kBytes = kBM * kBKbf * 2;
+  PipeState<kBfStages> st;
+  for (int t = wk.first; t < p.num_tiles; t += wk.step) {
+    const Tile tl = tile_of(p, t);
+    for (int ks = wk.k0; ks < wk.k1; ++ks)
+#pragma unroll
+      for (int h = 0; h < kBK / kBKbf; ++h) {
+        const uint32_t full = bf_full0 + 8 * st.idx;
+        ptx::mbarrier_wait(bf_empty0 + 8 * st.idx, st.phase ^ 1u);
+        ptx::mbarrier_arrive_expect_tx(full, kBytes);
+        ptx::cp_async_bulk_tensor_2d(abf0 + st.idx * kBytes, tmap_xbf, (2 * ks + h) * kSwizzleBytes, tl.mb * kBM,
+                                     full);
+        st.advance();
+      }
+  }
+}
+
+template <int kCons, bool kRegEpi, bool kSplit, bool kPreA>
+__global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLaunchBound, 1)
     fused_bf16dq_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                         const __grid_constant__ KernelParams p) {
 #if defined(__CUDA_ARCH__) && M3QKV_HAS_WGMMA
-  using C = Bf16DqCfg<kCons, kRegEpi, kSplit>;
+  // tmap_x: the e4m3 activations, or (kPreA) their bf16 copy x̂ as bytes.
+  using C = Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>;
   constexpr int kBM = C::kBM;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = ptx::smem_u32(smem_raw);
@@ -172,7 +213,7 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
       ptx::mbarrier_init(raw_empty0 + 8 * s, C::kXf * kWarpgroup);
     }
     for (int s = 0; s < C::kBfStages; ++s) {
-      ptx::mbarrier_init(bf_full0 + 8 * s, C::kXf * kWarpgroup);
+      ptx::mbarrier_init(bf_full0 + 8 * s, C::kBfFullArrivals);
       ptx::mbarrier_init(bf_empty0 + 8 * s, 4 * kCons);
     }
     if (kSplit) {
@@ -200,8 +241,10 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
     ptx::setmaxnreg_dec<C::kProducerRegs>();
     if (warp == 0 && ptx::elect_sync()) {
       trace_event(p, kTrProducerStart);
-      produce<kBM, C::kRawStages>(p, wk, &tmap_x, &tmap_w, base + C::kAOff, base + C::kBOff, base + C::kSfaOff,
-                                  base + C::kSfbOff, raw_full0, raw_empty0);
+      produce<kBM, C::kRawStages, !kPreA>(p, wk, &tmap_x, &tmap_w, base + C::kAOff, base + C::kBOff,
+                                          base + C::kSfaOff, base + C::kSfbOff, raw_full0, raw_empty0);
+    } else if (kPreA && warp == 1 && ptx::elect_sync()) {
+      produce_a_bf16<kBM, C::kBfStages>(p, wk, &tmap_x, base + C::kAbfOff, bf_full0, bf_empty0);
     }
     griddepcontrol_launch_dependents();
   } else if (wg <= C::kXf) {
@@ -214,17 +257,20 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
     PipeState<C::kBfStages> bs;
     for (int ti = wk.first; ti < p.num_tiles; ti += wk.step) {
       const Tile tl = tile_of(p, ti);
-      const int sfa_off = sf_chunk_word(sf_chunk_row<kBM>(tl.mb, r < kBM ? r : 0));
+      const int sfa_off = kPreA ? 0 : sf_chunk_word(sf_chunk_row<kBM>(tl.mb, r < kBM ? r : 0));
       const int sfb_off = sf_chunk_word(r);
       // A rows past M (TMA zero-filled) need no conversion: zeros are stored
       // (at M = 1 this skips a third of the transform work).
-      const bool a_live = r < kBM && static_cast<int64_t>(tl.mb) * kBM + r < p.m;
+      // kPreA: the A producer fills the A half of every bf16 stage.
+      const bool a_live = !kPreA && r < kBM && static_cast<int64_t>(tl.mb) * kBM + r < p.m;
+      const bool a_zero = !kPreA && r < kBM && !a_live;
       for (int ks = wk.k0; ks < wk.k1; ++ks) {
         ptx::mbarrier_wait(raw_full0 + 8 * rs.idx, rs.phase);
         if (threadIdx.x == kWarpgroup && ti == wk.first && ks == wk.k0) trace_event(p, kTrXfFirstRaw);
         const uint8_t* a_raw = gbase + C::kAOff + rs.idx * C::kABytes;
         const uint8_t* b_raw = gbase + C::kBOff + rs.idx * C::kBBytes;
-        const uint32_t sfa = *reinterpret_cast<const uint32_t*>(gbase + C::kSfaOff + rs.idx * kSfChunk + sfa_off);
+        const uint32_t sfa =
+            kPreA ? 0u : *reinterpret_cast<const uint32_t*>(gbase + C::kSfaOff + rs.idx * kSfChunk + sfa_off);
         const uint32_t sfb = *reinterpret_cast<const uint32_t*>(gbase + C::kSfbOff + rs.idx * kSfChunk + sfb_off);
 #pragma unroll
         for (int h = 0; h < kBK / kBKbf; ++h) {
@@ -238,7 +284,7 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit>::kLaunchBoun
           store_row_half<C::kXf>(rb, b_bf, r, h, sfb, xpart);
           if (a_live)
             store_row_half<C::kXf>(load_row_half<C::kXf>(a_raw, r, h, xpart), a_bf, r, h, sfa, xpart);
-          else if (r < kBM)
+          else if (a_zero)
             zero_row_half<C::kXf>(a_bf, r, xpart);
           // Generic-proxy stores read next by wgmma (async proxy): fence in
           // every writing thread before the release (HOPPER.md "Ordering").
@@ -319,9 +365,41 @@ struct Bf16DqFamily {
   using Cfg = Bf16DqCfg<kCons, kRegEpi, kSplit>;
   template <int kCons, bool kRegEpi, bool kSplit>
   static auto kernel() {
-    return &fused_bf16dq_kernel<kCons, kRegEpi, kSplit>;
+    return &fused_bf16dq_kernel<kCons, kRegEpi, kSplit, false>;
   }
 };
+
+// The prefill instance: BM 128, register epilogue, no split-K, x̂ by TMA.
+using PreACfg = Bf16DqCfg<2, true, false, true>;
+constexpr auto kPreAKernel = &fused_bf16dq_kernel<2, true, false, true>;
+
+// x̂ = the activations dequantized to bf16, row-major [M][K]: thread i
+// converts 16-byte chunk i (16 e4m3 of one row, K 16c .. 16c+15) with the
+// transform's dequantizer (dequant16_e4m3_to_bf16) and its MX scale, read
+// from the F8_128x4 chunk of (row / 128, stage c / 8): word sf_chunk_word(row
+// % 128), byte (c / 2) % 4. Grid-stride; 16-B loads, two 16-B stores.
+__global__ void __launch_bounds__(256) dequant_x_kernel(const uint8_t* __restrict__ xq,
+                                                        const uint8_t* __restrict__ xsf, uint8_t* __restrict__ xbf,
+                                                        int64_t m, int64_t k) {
+  griddepcontrol_wait();  // xq / xsf: typically the previous grid's output (the quantize op)
+  griddepcontrol_launch_dependents();
+  const int64_t chunks_per_row = k / 16;
+  const int64_t k_stages = k / kBK;
+  const int64_t n = m * chunks_per_row;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t row = i / chunks_per_row;
+    const int64_t c = i - row * chunks_per_row;
+    const uint4 v = *reinterpret_cast<const uint4*>(xq + row * k + 16 * c);
+    const uint8_t* chunk = xsf + ((row / 128) * k_stages + c / 8) * kSfChunk;
+    const uint32_t s = chunk[sf_chunk_word(static_cast<int>(row % 128)) + (c / 2) % 4];
+    uint4 lo, hi;
+    dequant16_e4m3_to_bf16(v, s, &lo, &hi);
+    uint4* dst = reinterpret_cast<uint4*>(xbf + (row * k + 16 * c) * 2);
+    dst[0] = lo;
+    dst[1] = hi;
+  }
+}
 
 }  // namespace
 
@@ -330,7 +408,31 @@ m3qkv_status launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, co
   return family_launch<Bf16DqFamily>(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, stream);
 }
 
-cudaError_t prepare_bf16dq() { return family_prepare<Bf16DqFamily>(); }
+cudaError_t prepare_bf16dq() {
+  const cudaError_t e = family_prepare<Bf16DqFamily>();
+  if (e != cudaSuccess) return e;
+  return cudaFuncSetAttribute(kPreAKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PreACfg::kSmemBytes);
+}
+
+m3qkv_status launch_bf16dq_pre_a(const uint8_t* xq, const uint8_t* xsf, void* xbf, const CUtensorMap& tmap_xbf,
+                                 const CUtensorMap& tmap_w, const KernelParams& p, int grid, int dequant_grid, bool pdl,
+                                 cudaStream_t stream) {
+  host::LaunchShape d;
+  d.grid = static_cast<unsigned>(dequant_grid);
+  d.threads = 256;
+  d.pdl = pdl;
+  M3QKV_TRY(host::launch("m3qkv_fused_qkv", "dequant_x_kernel", dequant_x_kernel, d, stream, xq, xsf,
+                         static_cast<uint8_t*>(xbf), static_cast<int64_t>(p.m), static_cast<int64_t>(p.k_stages) * kBK));
+  // PDL always: the GEMM's prerequisite is the dequant grid, which itself
+  // waited for the caller's previous work where the caller asked for PDL (and
+  // was stream-ordered after it where not).
+  host::LaunchShape s;
+  s.grid = static_cast<unsigned>(grid);
+  s.threads = PreACfg::kThreads;
+  s.smem = PreACfg::kSmemBytes;
+  s.pdl = true;
+  return host::launch("m3qkv_fused_qkv", "fused_bf16dq_kernel<pre_a>", kPreAKernel, s, stream, tmap_xbf, tmap_w, p);
+}
 
 int max_clusters_bf16dq(bool reg_epi, int split) { return family_max_clusters<Bf16DqFamily>(reg_epi, split); }
 

@@ -143,14 +143,16 @@ __device__ __forceinline__ int sf_chunk_word(int r) { return (r % 32) * 16 + (r 
 
 // The TMA producer (one elected thread): per stage the A tile (BM x 128 B), the
 // B tile (128 x 128 B) and the two 512-byte scale chunks, all completing on
-// full[stage]; waits empty[stage] before reusing it.
-template <int kBM, int kStages>
+// full[stage]; waits empty[stage] before reusing it. kWithA = false: the B
+// tile and its scale chunk only (variant A with pre-converted activations,
+// whose A tiles arrive in bf16 by their own producer: produce_a_bf16).
+template <int kBM, int kStages, bool kWithA = true>
 __device__ __forceinline__ void produce(const KernelParams& p, const Work& wk, const CUtensorMap* tmap_x,
                                         const CUtensorMap* tmap_w,
                                         uint32_t a0, uint32_t b0, uint32_t sfa0, uint32_t sfb0, uint32_t full0,
                                         uint32_t empty0) {
   constexpr uint32_t kABytes = kBM * kBK, kBBytes = kBN * kBK;
-  constexpr uint32_t kTx = kABytes + kBBytes + 2 * kSfChunk;
+  constexpr uint32_t kTx = (kWithA ? kABytes + kSfChunk : 0u) + kBBytes + kSfChunk;
   PipeState<kStages> st;
   for (int t = wk.first; t < p.num_tiles; t += wk.step) {
     const Tile tl = tile_of(p, t);
@@ -160,10 +162,12 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Work& wk, c
       const uint32_t full = full0 + 8 * st.idx;
       ptx::mbarrier_wait(empty0 + 8 * st.idx, st.phase ^ 1u);
       ptx::mbarrier_arrive_expect_tx(full, kTx);
-      ptx::cp_async_bulk_tensor_2d(a0 + st.idx * kABytes, tmap_x, ks * kBK, tl.mb * kBM, full);
+      if constexpr (kWithA) {
+        ptx::cp_async_bulk_tensor_2d(a0 + st.idx * kABytes, tmap_x, ks * kBK, tl.mb * kBM, full);
+        ptx::cp_async_bulk_shared_global(sfa0 + st.idx * kSfChunk, sfa + static_cast<int64_t>(ks) * kSfChunk,
+                                         kSfChunk, full);
+      }
       ptx::cp_async_bulk_tensor_2d(b0 + st.idx * kBBytes, tmap_w, ks * kBK, tl.head * kBN, full);
-      ptx::cp_async_bulk_shared_global(sfa0 + st.idx * kSfChunk, sfa + static_cast<int64_t>(ks) * kSfChunk, kSfChunk,
-                                       full);
       ptx::cp_async_bulk_shared_global(sfb0 + st.idx * kSfChunk, sfb + static_cast<int64_t>(ks) * kSfChunk, kSfChunk,
                                        full);
       st.advance();
@@ -397,6 +401,15 @@ cudaError_t prepare_fp8promo();  // cudaFuncSetAttribute (max dynamic smem) of e
 m3qkv_status launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
                            const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
 cudaError_t prepare_bf16dq();
+// Variant A with pre-converted activations (the prefill instance: BM 128,
+// register epilogue, no split-K): dequant_x_kernel writes x̂ (bf16 [M][K],
+// `xbf`, 16-B aligned, M·K·2 bytes) on `dequant_grid` CTAs, then the GEMM
+// (always with PDL: it overlaps its prologue with the conversion) reads it
+// through `tmap_xbf` (x̂ as bytes: inner 2K, box 128 x 128 rows, 128-B swizzle).
+// `pdl` applies to the first kernel, as `use_pdl` to any fused launch.
+m3qkv_status launch_bf16dq_pre_a(const uint8_t* xq, const uint8_t* xsf, void* xbf, const CUtensorMap& tmap_xbf,
+                                 const CUtensorMap& tmap_w, const KernelParams& p, int grid, int dequant_grid, bool pdl,
+                                 cudaStream_t stream);
 // cudaOccupancyMaxActiveClusters of the split-K instance with clusters of `split` CTAs (-1 on error).
 int max_clusters_fp8promo(bool reg_epi, int split);
 int max_clusters_bf16dq(bool reg_epi, int split);

@@ -135,9 +135,12 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
 
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                 int variant, int block_m, int epilogue, int split) {
-  if (variant != kSm90Bf16Dequant && variant != kSm90Fp8Promote)
+  if (variant != kSm90Bf16Dequant && variant != kSm90Fp8Promote && variant != kSm90Bf16DequantPreA &&
+      variant != kSm90AutoVariant)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
-                "sm90_fused_variant: variant = %d is not 0 (bf16 dequant) or 1 (fp8 promote)", variant);
+                "sm90_fused_variant: variant = %d is not 0 (bf16 dequant), 1 (fp8 promote), 2 (bf16 dequant, "
+                "activations pre-converted) or -1 (automatic)",
+                variant);
   if (epilogue != kSm90EpilogueStaged && epilogue != kSm90EpilogueRegisters)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_variant: epilogue = %d is not 0 (staged) or 1 (registers)",
                 epilogue);
@@ -154,15 +157,40 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   in.block_m = block_m;
   in.split = split;
   const int64_t ks = a.k / sm90::kBK;
-  for (int c = 2; c <= kSm90MaxSplit && c <= ks; ++c) in.max_clusters[c] = max_clusters(*setup, variant, epilogue, c);
+  // The split-K instances (and their occupancy) are variant A's for A, A-pre-A and automatic.
+  const int mainloop = variant == kSm90Fp8Promote ? kSm90Fp8Promote : kSm90Bf16Dequant;
+  for (int c = 2; c <= kSm90MaxSplit && c <= ks; ++c) in.max_clusters[c] = max_clusters(*setup, mainloop, epilogue, c);
   sm90::Plan plan;
   M3QKV_TRY(sm90::plan(kFn, in, &plan));
+  const bool pre_a_ok = epilogue == kSm90EpilogueRegisters && sm90::pre_a_applies(plan, a.m, a.k);
+  if (variant == kSm90Bf16DequantPreA && !pre_a_ok)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "sm90_fused_variant: variant 2 (activations pre-converted) needs 128-row tiles without split-K, the "
+                "register epilogue and M·K·2 <= %lld bytes (plan: block_m %d, split %d; epilogue %d; M %lld)",
+                static_cast<long long>(sm90::kPreAMaxBytes), plan.bm, plan.split, epilogue,
+                static_cast<long long>(a.m));
+  const bool pre_a = variant == kSm90Bf16DequantPreA || (variant == kSm90AutoVariant && pre_a_ok);
   host::timing_mark(host::Phase::kPlan);
 
+  // x̂ (pre_a): after the workspace's zeroed head, which belongs to the decode
+  // kernel's arrival counters (left zero by every kernel that uses them).
+  void* xbf = nullptr;
+  if (pre_a) {
+    void* ws = nullptr;
+    const size_t xbf_bytes = static_cast<size_t>(a.m) * static_cast<size_t>(a.k) * 2;
+    M3QKV_TRY(host::stream_workspace(dev, s, host::kWorkspaceZeroBytes + xbf_bytes, &ws));
+    xbf = static_cast<uint8_t*>(ws) + host::kWorkspaceZeroBytes;
+  }
   CUtensorMap tmap_x, tmap_w;
-  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k), static_cast<uint64_t>(a.m),
-                                        static_cast<uint64_t>(a.k), sm90::kBK, static_cast<uint32_t>(plan.bm),
-                                        CU_TENSOR_MAP_SWIZZLE_128B));
+  if (pre_a)
+    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "x_bf16 (workspace)", xbf, static_cast<uint64_t>(a.k) * 2,
+                                          static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k) * 2,
+                                          sm90::kSwizzleBytes, static_cast<uint32_t>(plan.bm),
+                                          CU_TENSOR_MAP_SWIZZLE_128B));
+  else
+    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k),
+                                          static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k), sm90::kBK,
+                                          static_cast<uint32_t>(plan.bm), CU_TENSOR_MAP_SWIZZLE_128B));
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
                                         static_cast<uint64_t>(in.heads * kHeadDim), static_cast<uint64_t>(a.k),
                                         sm90::kBK, sm90::kBN, CU_TENSOR_MAP_SWIZZLE_128B));
@@ -185,16 +213,20 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   p.split = plan.split;
   const bool pdl = a.use_pdl != 0;
   const bool reg_epi = epilogue == kSm90EpilogueRegisters;
-  const m3qkv_status st = variant == kSm90Fp8Promote
-                               ? sm90::launch_fp8promo(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s)
-                               : sm90::launch_bf16dq(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s);
+  // The conversion: memory-bound, 8 CTAs of 256 threads per SM (a full SM).
+  const int dequant_grid = 8 * (dev.num_sms > 0 ? dev.num_sms : 1);
+  const m3qkv_status st =
+      pre_a ? sm90::launch_bf16dq_pre_a(static_cast<const uint8_t*>(a.xq), p.xsf, xbf, tmap_x, tmap_w, p, plan.grid,
+                                        dequant_grid, pdl, s)
+      : variant == kSm90Fp8Promote ? sm90::launch_fp8promo(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s)
+                                   : sm90::launch_bf16dq(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s);
   host::timing_mark(host::Phase::kLaunch);
   return st;
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
   if (sm90_uses_decode(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik))) return sm90_fused_decode(a, dev, acc_tap, s, 0);
-  return sm90_fused_variant(a, dev, acc_tap, s, kSm90DefaultVariant, 0, kSm90DefaultEpilogue, 0);
+  return sm90_fused_variant(a, dev, acc_tap, s, kSm90AutoVariant, 0, kSm90DefaultEpilogue, 0);
 }
 
 m3qkv_status sm90_warmup(const DeviceInfo& dev) {

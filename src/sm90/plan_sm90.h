@@ -112,4 +112,14 @@ inline m3qkv_status plan(const char* fn, const PlanInput& in, Plan* out) {
   return M3QKV_SUCCESS;
 }
 
+// Prefill step 1 (docs/sm90.md): variant A with the activations converted
+// once per call into the stream workspace (x̂, M·K·2 bytes after its zeroed
+// head) applies to the 128-row tiles without split-K, i.e. where the tiles
+// already fill the SMs. Capped at kPreAMaxBytes of x̂ (M = 43690 at K =
+// 6144): past it the call runs variant A instead of growing the workspace.
+constexpr int64_t kPreAMaxBytes = int64_t{512} << 20;
+inline bool pre_a_applies(const Plan& p, int64_t m, int64_t k) {
+  return p.cons == 2 && p.split == 1 && m > 0 && k > 0 && m <= kPreAMaxBytes / 2 / k;
+}
+
 }  // namespace m3qkv::sm90

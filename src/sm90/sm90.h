@@ -17,6 +17,14 @@ m3qkv_status sm90_warmup(const DeviceInfo& dev);
 enum Sm90Variant : int {
   kSm90Bf16Dequant = 0,  // A: e4m3·2^e -> bf16 in shared memory, bf16 wgmma m64n128k16
   kSm90Fp8Promote = 1,   // B: fp8 wgmma m64n128k32 per 32-K block, promotion in f32 registers
+  // A with the activations converted to bf16 once per call (x̂ in the stream
+  // workspace, TMA'd into the bf16 stages; the transform converts the weights
+  // only): the prefill instance, 128-row tiles without split-K, register
+  // epilogue. Same bytes as A (docs/sm90.md "Prefill step 1").
+  kSm90Bf16DequantPreA = 2,
+  // sm90_fused's choice: kSm90Bf16DequantPreA where it applies
+  // (sm90::pre_a_applies), else kSm90Bf16Dequant.
+  kSm90AutoVariant = -1,
 };
 // The variant sm90_fused runs, picked from the H200 measurement of issue 4
 // (bench/RESULTS.md, v2): at M = 4096, TP4, K = 6144 with the register

@@ -101,6 +101,29 @@ TEST(Sm90Plan, PrefillUses128RowTilesAndOneCtaPerSm) {
   EXPECT_EQ(p.grid, 132);
 }
 
+TEST(Sm90Plan, PrefillInstanceWhereTheTilesFillTheSms) {
+  // Activations pre-converted (variant 2) on the 128-row, unsplit plans only.
+  // TP4 (20 heads): 7 x 20 = 140 tiles of 128 rows from M = 769; 6 x 20 = 120 < 132 below.
+  EXPECT_TRUE(sm90::pre_a_applies(plan90(h200(4096, 20)), 4096, 6144));
+  EXPECT_TRUE(sm90::pre_a_applies(plan90(h200(769, 20)), 769, 6144));
+  EXPECT_FALSE(sm90::pre_a_applies(plan90(h200(768, 20)), 768, 6144)) << "64-row tiles";
+  EXPECT_FALSE(sm90::pre_a_applies(plan90(h200(512, 20)), 512, 6144)) << "64-row tiles with split-K";
+  EXPECT_FALSE(sm90::pre_a_applies(plan90(h200(1, 20)), 1, 6144));
+  // TP1 (77 heads): 2 x 77 = 154 tiles from M = 129.
+  EXPECT_TRUE(sm90::pre_a_applies(plan90(h200(129, 77)), 129, 6144));
+  EXPECT_FALSE(sm90::pre_a_applies(plan90(h200(128, 77)), 128, 6144));
+  // Forced 128-row tiles apply at any M; forced 64-row tiles never.
+  sm90::PlanInput in = h200(1, 20);
+  in.block_m = 128;
+  EXPECT_TRUE(sm90::pre_a_applies(plan90(in), 1, 6144));
+  in = h200(4096, 20);
+  in.block_m = 64;
+  EXPECT_FALSE(sm90::pre_a_applies(plan90(in), 4096, 6144));
+  // The x̂ cap: M·K·2 <= 512 MiB (M = 43690 at K = 6144), then variant A.
+  EXPECT_TRUE(sm90::pre_a_applies(plan90(h200(43690, 20)), 43690, 6144));
+  EXPECT_FALSE(sm90::pre_a_applies(plan90(h200(43691, 20)), 43691, 6144));
+}
+
 TEST(Sm90Plan, GridOverrideIsClampedToTheTiles) {
   sm90::PlanInput in = h200(4096, 20);
   in.grid = 7;

@@ -85,7 +85,12 @@ int sm90_clusters(const m3qkv::DeviceInfo& dev, int variant, int epilogue, int s
 
 
 const int kVariants[] = {m3qkv::kSm90Bf16Dequant, m3qkv::kSm90Fp8Promote};
-const char* variant_name(int v) { return v == m3qkv::kSm90Bf16Dequant ? "A_bf16dq" : "B_fp8promo"; }
+const char* variant_name(int v) {
+  return v == m3qkv::kSm90Bf16Dequant       ? "A_bf16dq"
+         : v == m3qkv::kSm90Fp8Promote      ? "B_fp8promo"
+         : v == m3qkv::kSm90Bf16DequantPreA ? "A_preA"
+                                            : "auto";
+}
 const int kEpilogues[] = {m3qkv::kSm90EpilogueStaged, m3qkv::kSm90EpilogueRegisters};
 const char* epilogue_name(int e) { return e == m3qkv::kSm90EpilogueStaged ? "staged" : "registers"; }
 
@@ -112,6 +117,17 @@ struct Sm90Run {
   int use_pdl = 0;
   bool tap = true;
 };
+
+// The prefill instance (variant A, activations pre-converted): runs where its
+// plan has 128-row tiles without split-K (block_m 128 forces that on every M)
+// with the register epilogue.
+Sm90Run pre_a_run() {
+  Sm90Run r;
+  r.variant = m3qkv::kSm90Bf16DequantPreA;
+  r.epilogue = m3qkv::kSm90EpilogueRegisters;
+  r.block_m = 128;
+  return r;
+}
 
 // Runs sm90_fused_variant once on fresh poisoned outputs (salt) and fetches them.
 void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int salt, Fetched* out,
@@ -210,6 +226,7 @@ TEST_P(Sm90Exact, BothVariantsBitExactVsGolden) {
       ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, exact_name(c)));
       if (HasFailure()) return;
     }
+  ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, pre_a_run(), exact_name(c)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, Sm90Exact, ::testing::ValuesIn(exact_cases()),
@@ -242,6 +259,64 @@ TEST(Sm90Shapes, TileHeightsGridsPdlGiveGoldenBytes_TP4_M129_K6144) {
             ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M129_K6144"));
             if (HasFailure()) return;
           }
+  // The prefill instance: persistent grids (one CTA walks all 40 tiles: both
+  // producers' rings wrap across tiles), PDL on its first kernel.
+  for (int grid : {0, 1, 7})
+    for (int pdl : {0, 1}) {
+      Sm90Run run = pre_a_run();
+      run.grid = grid;
+      run.use_pdl = pdl;
+      ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M129_K6144"));
+      if (HasFailure()) return;
+    }
+}
+
+// The automatic choice (what sm90_fused runs: variant -1) over the prefill
+// M range of issue 11, K short (CPU golden time): where the plan has 128-row
+// tiles without split-K (TP4 M >= 896, TP1 M >= 256, TP8 M >= 1408, TP2
+// M >= 512) it is the prefill instance, below it variant A with split-K;
+// every byte golden either way.
+TEST(Sm90Shapes, AutomaticPrefillChoiceGivesGoldenBytes) {
+  M3QKV_REQUIRE_SM90();
+  print_seed_once();
+  const std::pair<Heads, int64_t> cases[] = {{kTP4, 512},  {kTP4, 513},  {kTP4, 1000}, {kTP4, 2048}, {kTP4, 4096},
+                                             {kTP1, 1000}, {kTP2, 2048}, {kTP8, 2048}, {kDense, 1000}};
+  for (const auto& [h, m] : cases) {
+    const Problem p = make_problem(config(h, m, 256, /*exact=*/true, 128));
+    const std::vector<float> acc =
+        m3qkv::golden::mxfp8_acc(p.xq.data(), p.xsf.data(), p.wq.data(), p.wsf.data(), p.m, p.n(), p.k);
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    Sm90Run run;
+    run.variant = m3qkv::kSm90AutoVariant;
+    run.epilogue = m3qkv::kSm90EpilogueRegisters;
+    run.use_pdl = 1;
+    ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, std::string(h.name) + "_M" + std::to_string(m) + "_K256"));
+    if (HasFailure()) return;
+  }
+}
+
+// The prefill instance is refused, not run, where it does not apply: 64-row
+// tiles (block_m 64, or the automatic height at small M), split-K, the staged
+// epilogue.
+TEST(Sm90Shapes, PrefillInstanceRefusedWhereItDoesNotApply) {
+  M3QKV_REQUIRE_SM90();
+  print_seed_once();
+  const Problem p = make_problem(config(kTP4, 64, 256, /*exact=*/true));
+  DeviceInputs in;
+  CUDA_OK(in.upload(p));
+  DeviceOutputs d;
+  CUDA_OK(d.init(p, 0));
+  m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
+  m3qkv::DeviceInfo dev;
+  M3QKV_OK(m3qkv::current_device_info(&dev));
+  const int v = m3qkv::kSm90Bf16DequantPreA, regs = m3qkv::kSm90EpilogueRegisters;
+  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 64, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 0, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);  // auto: 64 rows
+  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 64, regs, 2), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, 3, 128, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 128, m3qkv::kSm90EpilogueStaged, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("variant 2"), std::string::npos) << m3qkv_last_error();
 }
 
 // Split-K over a cluster (64-row tiles; M = 320: 5 row blocks, the last one
@@ -328,7 +403,7 @@ TEST(Sm90Shapes, OutOfRangeSlotsAndPositionsFlaggedNotWritten_TP1_M200) {
 // portable path). Variant B's fp8 wgmma adds each 32-product block with the
 // tensor core's reduced internal precision before promotion: its figure is
 // reported and bounded more loosely (a lost scale or block gives O(1)).
-double max_rel_error(int variant) { return variant == m3qkv::kSm90Bf16Dequant ? 1e-5 : 1e-3; }
+double max_rel_error(int variant) { return variant == m3qkv::kSm90Fp8Promote ? 1e-3 : 1e-5; }
 
 struct RandomCase {
   Heads heads;
@@ -349,12 +424,28 @@ TEST_P(Sm90Random, GemmErrorAndEpilogueOnTap) {
       m3qkv::golden::mxfp8_acc_f64(p.xq.data(), p.xsf.data(), p.wq.data(), p.wsf.data(), p.m, p.n(), p.k);
   DeviceInputs in;
   CUDA_OK(in.upload(p));
+  std::vector<Sm90Run> runs;
   for (int v : kVariants)
     for (int ep : kEpilogues) {
-      SCOPED_TRACE(std::string(variant_name(v)) + " epilogue " + epilogue_name(ep));
       Sm90Run run;
       run.variant = v;
       run.epilogue = ep;
+      runs.push_back(run);
+    }
+  // Variant A on the prefill instance's tiles (BM 128, no split-K), then the
+  // prefill instance: the same wgmma chain over the same bf16 operands, so
+  // the two taps must agree bit for bit (checked after the loop).
+  Sm90Run a128;
+  a128.variant = m3qkv::kSm90Bf16Dequant;
+  a128.epilogue = m3qkv::kSm90EpilogueRegisters;
+  a128.block_m = 128;
+  runs.push_back(a128);
+  runs.push_back(pre_a_run());
+  std::vector<std::vector<float>> taps;
+  for (const Sm90Run& run : runs) {
+    {
+      const int v = run.variant, ep = run.epilogue;
+      SCOPED_TRACE(std::string(variant_name(v)) + " epilogue " + epilogue_name(ep));
       Fetched got;
       std::vector<float> tap;
       ASSERT_NO_FATAL_FAILURE(run_sm90(p, in, run, 0, &got, &tap));
@@ -368,7 +459,16 @@ TEST_P(Sm90Random, GemmErrorAndEpilogueOnTap) {
       HostOutputs want = poisoned_host_outputs(p, 0);
       golden_epilogue(p, tap.data(), &want);
       expect_same_outputs(p, want, got, "random " + random_name(c) + " [" + variant_name(v) + "] epilogue on tap");
+      taps.push_back(std::move(tap));
     }
+  }
+  ASSERT_EQ(taps.size(), runs.size());
+  const std::vector<float>& ta = taps[taps.size() - 2];
+  const std::vector<float>& tp = taps.back();
+  int64_t first = -1;
+  const int64_t bad = count_f32_mismatch(tp.data(), ta.data(), ta.size(), &first);
+  EXPECT_EQ(bad, 0) << "the prefill instance's accumulator differs from variant A's (BM 128, no split) in " << bad
+                    << " entries; first " << first;
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Random,
