@@ -128,4 +128,30 @@ inline Plan plan(const Target& t, int64_t m, int heads, int ks, int num_sms, int
   return p;
 }
 
+// plan() behind a one-entry memo per thread, for the launchers: serving
+// repeats the previous call's shape, and plan()'s search over up to 64 splits
+// cost ~0.3 µs of the decode call's host time on the H200 host (docs/host.md).
+// Keyed by every argument (the target by address: the launchers pass their
+// constexpr target), so the result is plan()'s whatever the call sequence
+// (tests/cpu/test_decode_plan.cpp).
+inline Plan plan_memo(const Target& t, int64_t m, int heads, int ks, int num_sms, int split_override = 0,
+                      int grid_override = 0) {
+  struct Entry {
+    const Target* t = nullptr;
+    int64_t m = 0;
+    int heads = 0, ks = 0, num_sms = 0, split_override = 0, grid_override = 0;
+    Plan plan;
+  };
+  thread_local Entry e;
+  if (e.t != &t || e.m != m || e.heads != heads || e.ks != ks || e.num_sms != num_sms ||
+      e.split_override != split_override || e.grid_override != grid_override) {
+    e.t = nullptr;  // a throwing plan() cannot leave a half-written key (plan() does not throw)
+    e.plan = plan(t, m, heads, ks, num_sms, split_override, grid_override);
+    e.m = m, e.heads = heads, e.ks = ks, e.num_sms = num_sms;
+    e.split_override = split_override, e.grid_override = grid_override;
+    e.t = &t;
+  }
+  return e.plan;
+}
+
 }  // namespace m3qkv::splitk

@@ -44,6 +44,11 @@ inline splitk::Plan plan_decode(int64_t m, int heads, int ks, int num_sms, int s
                                 int grid_override = 0) {
   return splitk::plan(decode::kTarget, m, heads, ks, num_sms, split_override, grid_override);
 }
+// The same through the per-thread memo (the launcher's per-call path).
+inline splitk::Plan plan_decode_memo(int64_t m, int heads, int ks, int num_sms, int split_override = 0,
+                                     int grid_override = 0) {
+  return splitk::plan_memo(decode::kTarget, m, heads, ks, num_sms, split_override, grid_override);
+}
 
 // --------------------------------------------------------------- tile kernel
 

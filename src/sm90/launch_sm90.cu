@@ -89,7 +89,7 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   host::timing_mark(host::Phase::kSetup);
   const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
   const int ks = static_cast<int>(a.k / sm90::kBK);
-  const splitk::Plan plan = sm90::plan_decode(a.m, heads, ks, dev.num_sms, split, a.grid);
+  const splitk::Plan plan = sm90::plan_decode_memo(a.m, heads, ks, dev.num_sms, split, a.grid);
   if (plan.nt == 0 || plan.units > INT32_MAX)
     return fail(M3QKV_ERROR_INTERNAL, "sm90_fused_decode: no decode plan for m = %lld, %d heads, k = %lld",
                 static_cast<long long>(a.m), heads, static_cast<long long>(a.k));

@@ -137,6 +137,38 @@ TEST(DecodePlan, OverridesAndLimits) {
 // at logical column 16s + 8·(e/4) + 2q + e%2 (PTX layout); the byte the kernel
 // feeds there must be the byte whose B column is the same (decode_logical_col),
 // and the mapping is a bijection of the 64 bytes of a step.
+// The launchers' memo returns plan()'s result for any call sequence: repeats,
+// alternations, one argument changed at a time, both targets interleaved.
+TEST(DecodePlan, MemoReturnsThePlanOfItsArguments) {
+  auto same = [](const m3qkv::splitk::Plan& a, const m3qkv::splitk::Plan& b) {
+    return a.nt == b.nt && a.token_blocks == b.token_blocks && a.split == b.split && a.units == b.units &&
+           a.grid == b.grid && a.max_unit_stages == b.max_unit_stages && a.counter_bytes == b.counter_bytes &&
+           a.slot_floats == b.slot_floats && a.workspace_bytes == b.workspace_bytes;
+  };
+  struct Call {
+    int64_t m;
+    int heads, ks, sms, split, grid;
+  };
+  const Call calls[] = {{1, 20, 48, 132, 0, 0},  {1, 20, 48, 132, 0, 0},  {2, 20, 48, 132, 0, 0},
+                        {1, 20, 48, 132, 0, 0},  {1, 77, 48, 132, 0, 0},  {1, 77, 48, 132, 4, 0},
+                        {1, 77, 48, 132, 4, 50}, {1, 77, 48, 114, 4, 50}, {1, 77, 16, 114, 4, 50},
+                        {256, 12, 48, 132, 0, 0}, {256, 12, 48, 132, 0, 0}, {1, 20, 48, 132, 0, 0}};
+  for (int rep = 0; rep < 2; ++rep)
+    for (const Call& c : calls) {
+      SCOPED_TRACE("m " + std::to_string(c.m) + " heads " + std::to_string(c.heads) + " ks " + std::to_string(c.ks));
+      EXPECT_TRUE(same(m3qkv::sm90::plan_decode_memo(c.m, c.heads, c.ks, c.sms, c.split, c.grid),
+                       m3qkv::sm90::plan_decode(c.m, c.heads, c.ks, c.sms, c.split, c.grid)));
+      EXPECT_TRUE(same(m3qkv::sm100::plan_decode_memo(c.m, c.heads, c.ks, c.sms, c.split, c.grid),
+                       m3qkv::sm100::plan_decode(c.m, c.heads, c.ks, c.sms, c.split, c.grid)));
+    }
+  // The two targets plan differently for some call (else the interleaving above proves nothing).
+  bool differ = false;
+  for (const Call& c : calls)
+    differ = differ || !same(m3qkv::sm90::plan_decode(c.m, c.heads, c.ks, c.sms, c.split, c.grid),
+                             m3qkv::sm100::plan_decode(c.m, c.heads, c.ks, c.sms, c.split, c.grid));
+  EXPECT_TRUE(differ);
+}
+
 TEST(DecodePermutation, AFragmentAndBTileAgreeAndCoverTheStep) {
   std::set<int> cols;
   for (int p = 0; p < 64; ++p) cols.insert(dec::decode_logical_col(p));
