@@ -15,19 +15,68 @@
 //    lanes: amax by quad max-reduction (max ignoring NaN, from +0, does not
 //    depend on the order), then the same group-scale and encoder primitives.
 //  * FP8 / BF16 caches (SPEC §4b) are element-wise: each lane encodes its own
-//    columns with the same pack_* primitives and stores them where
-//    common/layouts.h puts them (2 bytes per j for fp8, 4 for bf16).
+//    columns with the same pack_* primitives.
+//  * Stores: every value goes where common/layouts.h puts it, but not from
+//    the lane that computed it: each output row is stored as 16-byte chunks
+//    after a quad transpose (quad_store_row, common/quad_store.h), the same
+//    bytes as one store per j and value, in fewer and wider stores.
 //  * Side effects (flags, stores) happen under the same conditions as in
 //    epi::epilogue_head_row; rows that are not `valid` compute but store
 //    nothing (the shuffles need every lane of the warp).
+//
+// Alignment of the 16-byte chunk stores (kRowStoreAlign; host/validate.cpp
+// rejects anything else as M3QKV_ERROR_MISALIGNED / INVALID_SHAPE, and its
+// static asserts tie its constants to kRowStoreAlign). A chunk sits at
+// row start + 16k, so each row start must be 16-B aligned:
+//  * q_out, q_fp8_out, index_q_out: bases 16-B aligned (kWideAlign); rows of
+//    128 elements, i.e. 256 / 128 / 128 bytes apart.
+//  * FP8 / BF16 KV rows: kv_cache, v_cache 16-B aligned; page, token and head
+//    strides multiples of 16 (kFlatStrideMultiple); the row starts at column 0.
+//  * FP8 / BF16 index rows: index_cache 16-B aligned, index_page_stride % 16,
+//    tokens 128·e bytes apart.
+//  * NVFP4 data rows: kv_cache / index_cache 16-B aligned, page stride % 32
+//    (kPageStrideMultiple), slots block_size·72 bytes apart with
+//    block_size % 4 == 0 (a multiple of 288 = 16·18), tokens 64 bytes apart.
+//  * NVFP4 linear scales (K, index_k; one 8-byte store): slot base 16-B
+//    aligned + block_size·64 + t·8. V's 4-token swizzled scales are single
+//    bytes 4 apart (one byte per group per token), stored as before.
 #pragma once
 
 #include "common/epilogue.cuh"
+#include "common/quad_store.h"
 
 namespace m3qkv {
 namespace epi {
 
 constexpr int kQuadValues = kHeadDim / 4;  // columns per lane of a quad
+
+// The row stores below: 16 units per lane, rows of 64·U bytes (e4m3 128 B,
+// bf16 256 B, NVFP4 data 64 B), each row start 16-B aligned (see above).
+static_assert(kHeadDim / 8 == 16 && kNvfp4DataBytes == 64, "16 units of U bytes per lane: rows of 64·U bytes");
+static_assert(kHeadDim % kRowStoreAlign == 0 && kNvfp4DataBytes % kRowStoreAlign == 0,
+              "e4m3 / bf16 rows and NVFP4 data rows are 16 B apart");
+static_assert(kNvfp4ScaleBytes == 8 && kNvfp4DataBytes % 8 == 0, "a token's linear scales: one aligned 8-byte store");
+
+// One output row from the quad: lane q's 16 units of U bytes (unit j belongs
+// at row byte (4j + q)·U) packed in w by quad_put_unit, stored as 16-byte
+// chunks at `row` (16-B aligned, see above). Every lane of the warp calls it
+// (the shuffles); `store`, the same over the quad, guards only the stores.
+template <int U>
+__device__ __forceinline__ void quad_store_row(uint8_t* row, const uint32_t (&w)[4 * U], int q, bool store) {
+#pragma unroll
+  for (int g = 0; g < U; ++g) {
+    uint32_t t[4] = {w[4 * g], w[4 * g + 1], w[4 * g + 2], w[4 * g + 3]};
+#pragma unroll
+    for (int m = 1; m <= 2; m *= 2) {
+#pragma unroll
+      for (int p = 0; p < 2; ++p)
+        quad_xpose_recv(t, q, m, p, __shfl_xor_sync(0xffffffffu, quad_xpose_send(t, q, m, p), m));
+    }
+    uint32_t c[4];
+    quad_chunk_bytes<U>(t, c);
+    if (store) *reinterpret_cast<uint4*>(row + quad_chunk_offset(q, g)) = make_uint4(c[0], c[1], c[2], c[3]);
+  }
+}
 
 // Lane q of this lane's quad.
 __device__ __forceinline__ float quad_lane(float v, int q) {
@@ -72,7 +121,7 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
   const int64_t pos_raw = valid && h.norm ? e.positions[row] : 0;
   bool to_cache = false;
   SlotAddr sa = {0, 0};
-  // NVFP4: the slot base. FP8 / BF16: this lane's first element (column c0).
+  // NVFP4: the slot base. FP8 / BF16: the row (column 0).
   uint8_t* slot_base = nullptr;
   // Format of this head's cache (k, v: kv_dtype; index_k: ix_dtype). Uniform
   // over the warp wherever the warp's quads share a head (every caller).
@@ -86,7 +135,7 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
                                                  e.kv_page_stride, e.block_size);
       else
         slot_base = (kind == HeadKind::K ? e.kv_cache : e.v_cache) +
-                    kv_flat_offset(sa.page, sa.token, h.hi.index, c0, e.kv_page_stride, e.kv_token_stride,
+                    kv_flat_offset(sa.page, sa.token, h.hi.index, 0, e.kv_page_stride, e.kv_token_stride,
                                    e.kv_head_stride, flat_elem_bytes(cache_dtype));
     }
   } else if (valid && kind == HeadKind::IndexK) {
@@ -95,8 +144,8 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
     if (to_cache)
       slot_base = cache_dtype == kCacheNvfp4
                       ? e.index_cache + nvfp4_slot_base(sa.page, 0, e.index_page_stride, e.block_size)
-                      : e.index_cache + index_flat_offset(sa.page, sa.token, c0, e.index_page_stride,
-                                                          flat_elem_bytes(cache_dtype));
+                      : e.index_cache +
+                            index_flat_offset(sa.page, sa.token, 0, e.index_page_stride, flat_elem_bytes(cache_dtype));
   }
   // Position guard only where epilogue_head_row reads the position.
   const bool reads_pos = h.norm && valid && (kind == HeadKind::Q || kind == HeadKind::IndexQ || to_cache);
@@ -133,46 +182,50 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
     }
   }
 
+  // Stores: lane q's unit j (an e4m3 pair: U = 2, a bf16 pair: U = 4, one
+  // NVFP4 byte: U = 1) belongs at byte (4j + q)·U of its row.
   if (kind == HeadKind::Q) {
-    if (valid) {
-      const int64_t off = (row * e.nq + h.hi.index) * kHeadDim + c0;
+    const int64_t off = (row * e.nq + h.hi.index) * kHeadDim;  // the row's element 0
+    if (e.q_out != nullptr) {
+      uint32_t w[4 * 4] = {};
 #pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        if (e.q_out != nullptr)
-          *reinterpret_cast<uint32_t*>(e.q_out + off + 8 * j) = pack_bf16x2(y[2 * j], y[2 * j + 1]);
-        if (e.q_fp8_out != nullptr)
-          *reinterpret_cast<uint16_t*>(e.q_fp8_out + off + 8 * j) =
-              static_cast<uint16_t>(pack_e4m3x2(mul_rn(y[2 * j], e.qinv), mul_rn(y[2 * j + 1], e.qinv)));
-      }
+      for (int j = 0; j < kHeadDim / 8; ++j) quad_put_unit<4>(w, j, pack_bf16x2(y[2 * j], y[2 * j + 1]));
+      quad_store_row<4>(reinterpret_cast<uint8_t*>(e.q_out + off), w, q, valid);
     }
-  } else if (kind == HeadKind::IndexQ) {
-    if (valid) {
-      const int64_t off = (row * e.niq + h.hi.index) * kHeadDim + c0;
+    if (e.q_fp8_out != nullptr) {
+      uint32_t w[4 * 2] = {};
 #pragma unroll
       for (int j = 0; j < kHeadDim / 8; ++j)
-        *reinterpret_cast<uint16_t*>(e.index_q_out + off + 8 * j) =
-            static_cast<uint16_t>(pack_e4m3x2(y[2 * j], y[2 * j + 1]));
+        quad_put_unit<2>(w, j, pack_e4m3x2(mul_rn(y[2 * j], e.qinv), mul_rn(y[2 * j + 1], e.qinv)));
+      quad_store_row<2>(e.q_fp8_out + off, w, q, valid);
     }
+  } else if (kind == HeadKind::IndexQ) {
+    uint32_t w[4 * 2] = {};
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) quad_put_unit<2>(w, j, pack_e4m3x2(y[2 * j], y[2 * j + 1]));
+    quad_store_row<2>(e.index_q_out + (row * e.niq + h.hi.index) * kHeadDim, w, q, valid);
   } else if (cache_dtype != kCacheNvfp4) {
-    // FP8 / BF16 row: element 8j + c0 (+1) at slot_base + 8j·e.
-    if (to_cache) {
-      // index_k: unit scale as a multiply by 1, identical bytes (epi::flat_store_head says why).
-      const float sf = kind == HeadKind::K ? e.k_sf : kind == HeadKind::V ? e.v_sf : 1.0f;
-      if (cache_dtype == kCacheFp8) {
+    // FP8 / BF16 row at slot_base (null unless to_cache).
+    // index_k: unit scale as a multiply by 1, identical bytes (epi::flat_store_head says why).
+    const float sf = kind == HeadKind::K ? e.k_sf : kind == HeadKind::V ? e.v_sf : 1.0f;
+    if (cache_dtype == kCacheFp8) {
+      uint32_t w[4 * 2] = {};
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j)
-          *reinterpret_cast<uint16_t*>(slot_base + 8 * j) =
-              static_cast<uint16_t>(pack_e4m3x2(mul_rn(y[2 * j], sf), mul_rn(y[2 * j + 1], sf)));
-      } else {
+      for (int j = 0; j < kHeadDim / 8; ++j)
+        quad_put_unit<2>(w, j, pack_e4m3x2(mul_rn(y[2 * j], sf), mul_rn(y[2 * j + 1], sf)));
+      quad_store_row<2>(slot_base, w, q, to_cache);
+    } else {
+      uint32_t w[4 * 4] = {};
 #pragma unroll
-        for (int j = 0; j < kHeadDim / 8; ++j)
-          *reinterpret_cast<uint32_t*>(slot_base + 16 * j) = pack_bf16x2(y[2 * j], y[2 * j + 1]);
-      }
+      for (int j = 0; j < kHeadDim / 8; ++j) quad_put_unit<4>(w, j, pack_bf16x2(y[2 * j], y[2 * j + 1]));
+      quad_store_row<4>(slot_base, w, q, to_cache);
     }
   } else {
     const bool has_sf = kind != HeadKind::IndexK;
     const float sf = kind == HeadKind::K ? e.k_sf : e.v_sf;
     const bool v_swizzle = kind == HeadKind::V;
+    uint32_t dw[4 * 1] = {};    // data bytes: unit j = columns 8j + c0, 8j + c0 + 1
+    uint32_t sw[2] = {0u, 0u};  // the 8 scale bytes (the same in the four lanes)
 #pragma unroll
     for (int g = 0; g < kHeadDim / kNvfp4Group; ++g) {
       float amax = 0.0f;  // max ignores NaN, starts at +0
@@ -182,16 +235,16 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
       amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
       float rc;
       const uint8_t s8 = nvfp4_group_scale_dev(amax, has_sf, sf, &rc);
-      if (to_cache) {
 #pragma unroll
-        for (int jj = 2 * g; jj < 2 * g + 2; ++jj)
-          slot_base[nvfp4_data_offset(sa.token, 8 * jj + c0)] =
-              static_cast<uint8_t>(nvfp4_encode2(y[2 * jj], y[2 * jj + 1], rc));
-        if (g % 4 == q)
-          slot_base[v_swizzle ? nvfp4_scale_offset_v(sa.token, g, e.block_size)
-                              : nvfp4_scale_offset_linear(sa.token, g, e.block_size)] = s8;
-      }
+      for (int jj = 2 * g; jj < 2 * g + 2; ++jj) quad_put_unit<1>(dw, jj, nvfp4_encode2(y[2 * jj], y[2 * jj + 1], rc));
+      sw[g / 4] |= static_cast<uint32_t>(s8) << (8 * (g % 4));
+      if (to_cache && v_swizzle && g % 4 == q) slot_base[nvfp4_scale_offset_v(sa.token, g, e.block_size)] = s8;
     }
+    // sa.token = 0 and slot_base = null unless to_cache.
+    quad_store_row<1>(slot_base + nvfp4_data_offset(sa.token, 0), dw, q, to_cache);
+    if (to_cache && !v_swizzle && q == 0)
+      *reinterpret_cast<uint2*>(slot_base + nvfp4_scale_offset_linear(sa.token, 0, e.block_size)) =
+          make_uint2(sw[0], sw[1]);
   }
 }
 

@@ -25,6 +25,12 @@ M3_HD int64_t f8_128x4_offset(int64_t r, int64_t c, int64_t cols) {
   return ((r / 128) * kt + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
 }
 
+// Alignment of every output and cache row start, which the kernels' 16-byte
+// vector stores of whole rows rely on (epilogue_head_row's uint4 stores, the
+// quad epilogue's transposed stores). host/validate.cpp provides it: base
+// pointers 16-B aligned, every stride a multiple of it (static asserts there).
+constexpr int kRowStoreAlign = 16;
+
 // --------------------------------------------------------- NVFP4 cache
 // A slot holds block_size tokens: 64 data bytes per token (two e2m1 per byte,
 // element 2i in the low nibble of byte i), then 8 scale bytes per token.

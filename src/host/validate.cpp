@@ -33,6 +33,7 @@
 #include <initializer_list>
 #include <utility>
 
+#include "common/layouts.h"
 #include "common/numerics.h"
 #include "host/extents.h"
 #include "host/status.h"
@@ -63,6 +64,14 @@ static_assert((kBlockSizeMultiple * kSlotBytesPerToken) % kPageStrideMultiple ==
 constexpr size_t kWideAlign = 16;  // 16-byte vector / TMA accesses
 constexpr size_t kI64Align = 8;    // int64 positions and slot mappings
 constexpr size_t kFlagAlign = 4;   // uint32 error flags (atomicOr)
+// The kernels store whole output / cache rows with 16-byte vector stores
+// (common/layouts.h kRowStoreAlign): every row start must be 16-B aligned,
+// i.e. every base pointer and every stride between rows (the NVFP4 slot
+// size block_size·72 included) a multiple of it.
+static_assert(kWideAlign % kRowStoreAlign == 0, "16-B aligned output and cache bases");
+static_assert(kPageStrideMultiple % kRowStoreAlign == 0, "NVFP4 page strides keep rows 16-B aligned");
+static_assert((kBlockSizeMultiple * kSlotBytesPerToken) % kRowStoreAlign == 0,
+              "NVFP4 slots (block_size·72 bytes) keep rows 16-B aligned");
 
 using ll = long long;
 
@@ -405,6 +414,7 @@ m3qkv_status check_cache(Ctx c, const char* stride_name, int64_t stride, const c
 //  - k_scale / v_scale are checked unless the KV cache is BF16 (unused there).
 // ---------------------------------------------------------------------------
 constexpr int64_t kFlatStrideMultiple = 16;  // 16-B vector stores of a cache row
+static_assert(kFlatStrideMultiple % kRowStoreAlign == 0, "FP8 / BF16 strides keep rows 16-B aligned");
 
 const char* dtype_name(int32_t d) { return d == M3QKV_CACHE_FP8 ? "FP8" : d == M3QKV_CACHE_BF16 ? "BF16" : "NVFP4"; }
 int64_t flat_elem(int32_t d) { return d == M3QKV_CACHE_BF16 ? 2 : 1; }
