@@ -374,30 +374,27 @@ using PreACfg = Bf16DqCfg<2, true, false, true>;
 constexpr auto kPreAKernel = &fused_bf16dq_kernel<2, true, false, true>;
 
 // x̂ = the activations dequantized to bf16, row-major [M][K]: thread i
-// converts 16-byte chunk i (16 e4m3 of one row, K 16c .. 16c+15) with the
-// transform's dequantizer (dequant16_e4m3_to_bf16) and its MX scale, read
-// from the F8_128x4 chunk of (row / 128, stage c / 8): word sf_chunk_word(row
-// % 128), byte (c / 2) % 4. Grid-stride; 16-B loads, two 16-B stores.
+// converts group i of 8 e4m3 (one row, K 8c .. 8c+7, inside MX block c / 4)
+// with the transform's dequantizer and its MX scale, read from the F8_128x4
+// chunk of (row / 128, stage c / 16): word sf_chunk_word(row % 128), byte
+// (c / 4) % 4. Grid-stride; 8-byte loads, 16-byte stores: a warp reads 256 and
+// writes 512 contiguous bytes per instruction.
 __global__ void __launch_bounds__(256) dequant_x_kernel(const uint8_t* __restrict__ xq,
                                                         const uint8_t* __restrict__ xsf, uint8_t* __restrict__ xbf,
                                                         int64_t m, int64_t k) {
   griddepcontrol_wait();  // xq / xsf: typically the previous grid's output (the quantize op)
   griddepcontrol_launch_dependents();
-  const int64_t chunks_per_row = k / 16;
+  const int64_t groups_per_row = k / 8;
   const int64_t k_stages = k / kBK;
-  const int64_t n = m * chunks_per_row;
+  const int64_t n = m * groups_per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / chunks_per_row;
-    const int64_t c = i - row * chunks_per_row;
-    const uint4 v = *reinterpret_cast<const uint4*>(xq + row * k + 16 * c);
-    const uint8_t* chunk = xsf + ((row / 128) * k_stages + c / 8) * kSfChunk;
-    const uint32_t s = chunk[sf_chunk_word(static_cast<int>(row % 128)) + (c / 2) % 4];
-    uint4 lo, hi;
-    dequant16_e4m3_to_bf16(v, s, &lo, &hi);
-    uint4* dst = reinterpret_cast<uint4*>(xbf + (row * k + 16 * c) * 2);
-    dst[0] = lo;
-    dst[1] = hi;
+    const int64_t row = i / groups_per_row;
+    const int64_t c = i - row * groups_per_row;
+    const uint2 v = *reinterpret_cast<const uint2*>(xq + row * k + 8 * c);
+    const uint8_t* chunk = xsf + ((row / 128) * k_stages + c / 16) * kSfChunk;
+    const uint32_t s = chunk[sf_chunk_word(static_cast<int>(row % 128)) + (c / 4) % 4];
+    *reinterpret_cast<uint4*>(xbf + (row * k + 8 * c) * 2) = dequant8_e4m3_to_bf16(v.x, v.y, s);
   }
 }
 

@@ -154,7 +154,8 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   in.k = a.k;
   in.num_sms = dev.num_sms;
   in.grid = a.grid;
-  in.block_m = block_m;
+  // The automatic variant picks its tile height from M first (plan_sm90.h auto_block_m).
+  in.block_m = variant == kSm90AutoVariant && block_m == 0 ? sm90::auto_block_m(a.m) : block_m;
   in.split = split;
   const int64_t ks = a.k / sm90::kBK;
   // The split-K instances (and their occupancy) are variant A's for A, A-pre-A and automatic.

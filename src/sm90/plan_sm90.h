@@ -118,6 +118,14 @@ inline m3qkv_status plan(const char* fn, const PlanInput& in, Plan* out) {
 // already fill the SMs. Capped at kPreAMaxBytes of x̂ (M = 43690 at K =
 // 6144): past it the call runs variant A instead of growing the workspace.
 constexpr int64_t kPreAMaxBytes = int64_t{512} << 20;
+// The automatic choice's tile height from M = kPreAMinM up: 128 rows (so the
+// prefill instance), even where 128-row tiles leave SMs idle — measured on the
+// H200 (bench/RESULTS.md v9, cold L2, µs, automatic plan / 128 rows pre-A):
+//   TP4 M = 512   94.5 (64-row split-K A) / 58.5     TP8 M = 512   61.2 / 58.3
+//   TP8 M = 1024  95.3 (64-row split-K A) / 62.5     (TP2, TP1 already 128 rows)
+// Below it the plan decides (M 257..511 not measured yet).
+constexpr int64_t kPreAMinM = 512;
+inline int auto_block_m(int64_t m) { return m >= kPreAMinM ? 128 : 0; }
 inline bool pre_a_applies(const Plan& p, int64_t m, int64_t k) {
   return p.cons == 2 && p.split == 1 && m > 0 && k > 0 && m <= kPreAMaxBytes / 2 / k;
 }

@@ -124,6 +124,23 @@ TEST(Sm90Plan, PrefillInstanceWhereTheTilesFillTheSms) {
   EXPECT_FALSE(sm90::pre_a_applies(plan90(h200(43691, 20)), 43691, 6144));
 }
 
+TEST(Sm90Plan, AutomaticChoiceTakesTheHighTilesFromM512) {
+  // From M = 512 the automatic variant asks for 128-row tiles, so the prefill
+  // instance runs even where they leave SMs idle (TP4 M 512: 80 tiles).
+  EXPECT_EQ(sm90::auto_block_m(511), 0);
+  EXPECT_EQ(sm90::auto_block_m(512), 128);
+  EXPECT_EQ(sm90::auto_block_m(1 << 20), 128);
+  sm90::PlanInput in = h200(512, 20);
+  in.block_m = sm90::auto_block_m(in.m);
+  const sm90::Plan p = plan90(in);
+  EXPECT_EQ(p.tiles, 80);
+  EXPECT_EQ(p.grid, 80);
+  EXPECT_TRUE(sm90::pre_a_applies(p, 512, 6144));
+  in = h200(1024, 12);  // TP8: 96 tiles of 128 rows
+  in.block_m = sm90::auto_block_m(in.m);
+  EXPECT_TRUE(sm90::pre_a_applies(plan90(in), 1024, 6144));
+}
+
 TEST(Sm90Plan, GridOverrideIsClampedToTheTiles) {
   sm90::PlanInput in = h200(4096, 20);
   in.grid = 7;

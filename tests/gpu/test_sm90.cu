@@ -272,14 +272,15 @@ TEST(Sm90Shapes, TileHeightsGridsPdlGiveGoldenBytes_TP4_M129_K6144) {
 }
 
 // The automatic choice (what sm90_fused runs: variant -1) over the prefill
-// M range of issue 11, K short (CPU golden time): where the plan has 128-row
-// tiles without split-K (TP4 M >= 896, TP1 M >= 256, TP8 M >= 1408, TP2
-// M >= 512) it is the prefill instance, below it variant A with split-K;
-// every byte golden either way.
+// M range of issue 11, K short (CPU golden time): from M = 512 (and where the
+// plan has 128-row tiles without split-K) it is the prefill instance, below
+// it variant A (TP4 M = 300: 64-row tiles with split-K); every byte golden
+// either way.
 TEST(Sm90Shapes, AutomaticPrefillChoiceGivesGoldenBytes) {
   M3QKV_REQUIRE_SM90();
   print_seed_once();
-  const std::pair<Heads, int64_t> cases[] = {{kTP4, 512},  {kTP4, 513},  {kTP4, 1000}, {kTP4, 2048}, {kTP4, 4096},
+  const std::pair<Heads, int64_t> cases[] = {{kTP4, 300},  {kTP4, 512},  {kTP4, 513},  {kTP4, 1000}, {kTP4, 2048},
+                                             {kTP4, 4096}, {kTP8, 1000},
                                              {kTP1, 1000}, {kTP2, 2048}, {kTP8, 2048}, {kDense, 1000}};
   for (const auto& [h, m] : cases) {
     const Problem p = make_problem(config(h, m, 256, /*exact=*/true, 128));
@@ -633,7 +634,8 @@ TEST(Sm90Timing, DISABLED_AvsB_TP4_M4096_K6144) {
   EXPECT_LE(e.rel_fro, 1e-3);
 }
 
-// Where one call's time goes (variant A, the default): per-CTA %globaltimer
+// Where one call's time goes (the automatic choice: variant A, or its prefill
+// instance from M = 512, whose timeline is that of the GEMM kernel): per-CTA %globaltimer
 // stamps of sm90::TraceEvent (sm90.h), printed as percentiles over the CTAs
 // relative to the earliest kernel entry, for one call after an L2 flush
 // (cold weights, as in serving) and one warm call. A measurement, not a check.
@@ -668,12 +670,12 @@ TEST(Sm90Timing, DISABLED_Timeline_TP4) {
     CUDA_OK(e1.error());
     for (int cold = 1; cold >= 0; --cold) {
       for (int i = 0; i < 3; ++i)
-        M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), m3qkv::kSm90DefaultVariant, 0, m3qkv::kSm90DefaultEpilogue));
+        M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), m3qkv::kSm90AutoVariant, 0, m3qkv::kSm90DefaultEpilogue));
       if (cold) CUDA_OK(cudaMemsetAsync(flush.get(), cold, flush.size(), s.get()));
       CUDA_OK(cudaMemsetAsync(trace.get(), 0, trace.size(), s.get()));
       sm90_trace(trace.as<uint64_t>(), kCtas);
       CUDA_OK(cudaEventRecord(e0.get(), s.get()));
-      M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), m3qkv::kSm90DefaultVariant, 0, m3qkv::kSm90DefaultEpilogue));
+      M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), m3qkv::kSm90AutoVariant, 0, m3qkv::kSm90DefaultEpilogue));
       CUDA_OK(cudaEventRecord(e1.get(), s.get()));
       sm90_trace(nullptr, 0);
       CUDA_OK(cudaEventSynchronize(e1.get()));
