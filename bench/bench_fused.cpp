@@ -1268,6 +1268,9 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
         add("sm90_A_preA", h, m, [](benchmark::State& st) {
           bench_sm90_variant(st, m3qkv::kSm90Bf16DequantPreA, m3qkv::kSm90EpilogueRegisters, 128);
         });
+        add("sm90_prefill", h, m, [](benchmark::State& st) {
+          bench_sm90_variant(st, m3qkv::kSm90Bf16Prefill, m3qkv::kSm90EpilogueRegisters, 128);
+        });
       }
 #endif
       if (h.tp != kExtraTp || std::find(std::begin(kExtraMs), std::end(kExtraMs), m) == std::end(kExtraMs))

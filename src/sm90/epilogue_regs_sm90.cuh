@@ -14,30 +14,21 @@
 
 namespace m3qkv::sm90 {
 
-// `hmask`: the fragment halves h (bit h) of this warp whose rows this call
-// finalizes (split-K spread over the cluster: splitk_reduce_spread); the
-// others are neither computed nor stored. Warp-uniform.
-__device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float (&acc)[64], const Tile& tl,
-                                                    int64_t row_base, uint32_t hmask = 3u) {
+// The register epilogue of one 64 x 128 block in the fragment layout, its
+// values delivered by `value(i)` = fragment register i of this thread
+// (i = 4j + 2h + b): from the accumulator itself (epilogue_block_regs) or from
+// the prefill kernel's hand-off buffer (epilogue_block_handoff). `hmask`: the
+// fragment halves h (bit h) of this warp whose rows this call finalizes
+// (split-K spread over the cluster: splitk_reduce_spread); the others are
+// neither computed nor stored. Warp-uniform.
+template <class Value>
+__device__ __forceinline__ void epilogue_block_frag(const KernelParams& p, const Value& value, const Tile& tl,
+                                                    int64_t row_base, uint32_t hmask) {
   const int t = threadIdx.x % kWarpgroup;
   const int l = t % 32;
   const int q = l % 4;
   const int c0 = 2 * q;
   const int r0 = 16 * (t / 32) + l / 4;
-
-  if (p.acc_tap != nullptr) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = row_base + r0 + 8 * h;
-      if (((hmask >> h) & 1u) && row < p.m) {
-        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(tl.head) * kBN + c0;
-#pragma unroll
-        for (int j = 0; j < kBN / 8; ++j)
-          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-    }
-  }
-
   const epi::QuadHead head = epi::quad_head(p.epi, tl.head, q);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -46,11 +37,36 @@ __device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float
     float y[epi::kQuadValues];  // y[2j + b] = column 8j + c0 + b
 #pragma unroll
     for (int j = 0; j < kBN / 8; ++j) {
-      y[2 * j] = acc[4 * j + 2 * h];
-      y[2 * j + 1] = acc[4 * j + 2 * h + 1];
+      y[2 * j] = value(4 * j + 2 * h);
+      y[2 * j + 1] = value(4 * j + 2 * h + 1);
+    }
+    if (p.acc_tap != nullptr && row < p.m) {
+      float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(tl.head) * kBN + c0;
+#pragma unroll
+      for (int j = 0; j < kBN / 8; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
     }
     epi::quad_row_epilogue(p.epi, head, row, row < p.m, y, q);
   }
+}
+
+__device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float (&acc)[64], const Tile& tl,
+                                                    int64_t row_base, uint32_t hmask = 3u) {
+  epilogue_block_frag(p, [&](int i) { return acc[i]; }, tl, row_base, hmask);
+}
+
+// The prefill kernel's hand-off (prefill_sm90.cu): consumer thread t of a
+// warpgroup stores its register i at buf[i·128 + t] (consecutive threads,
+// consecutive words: conflict-free); epilogue thread t (same t) reads them
+// back, so it holds that consumer thread's fragment.
+__device__ __forceinline__ void handoff_store(float* buf, const float (&acc)[64]) {
+  const int t = threadIdx.x % kWarpgroup;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) buf[i * kWarpgroup + t] = acc[i];
+}
+__device__ __forceinline__ void epilogue_block_handoff(const KernelParams& p, const float* buf, const Tile& tl,
+                                                       int64_t row_base) {
+  const int t = threadIdx.x % kWarpgroup;
+  epilogue_block_frag(p, [&](int i) { return buf[i * kWarpgroup + t]; }, tl, row_base, 3u);
 }
 
 // The end of one tile in a consumer warpgroup, for both kernels: split-K

@@ -300,7 +300,6 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLau
   } else {
     ptx::setmaxnreg_inc<C::kConsumerRegs>();
     const int cw = wg - 1 - C::kXf;
-    const int l = threadIdx.x % 32;
     const bool cons_t0 = threadIdx.x == (1 + C::kXf) * kWarpgroup;  // first consumer thread
     float* stg = reinterpret_cast<float*>(gbase + C::kStgOff) + cw * kRowsPerWg * kStageStride;
     PipeState<C::kBfStages> bs;
@@ -308,42 +307,10 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLau
     uint32_t red_phase = 0;
     for (int ti = wk.first; ti < p.num_tiles; ti += wk.step) {
       const Tile tl = tile_of(p, ti);
-      // The first wgmma ignores D (scale_d = 0); zeroing ends the live range of
-      // the previous tile's values, so the epilogue does not hold 64 extra registers.
-#pragma unroll
-      for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
-      const int n_bf = (wk.k1 - wk.k0) * (kBK / kBKbf);
-      uint32_t prev = 0;
-      for (int s = 0; s < n_bf; ++s) {
-        ptx::mbarrier_wait(bf_full0 + 8 * bs.idx, bs.phase);
-        if (cons_t0 && s == 0 && ti == wk.first) trace_event(p, kTrConsFirstBf);
-        const uint64_t da =
-            wgmma::make_desc_kmajor_sw128(base + C::kAbfOff + bs.idx * C::kAbfBytes + cw * kRowsPerWg * kSwizzleBytes);
-        const uint64_t db = wgmma::make_desc_kmajor_sw128(base + C::kBbfOff + bs.idx * C::kBbfBytes);
-        fence_acc(acc);
-        wgmma::fence_sync_aligned();
-#pragma unroll
-        for (int kk = 0; kk < kBKbf / 16; ++kk) {
-          // scale_d = 0 on the first k16 of the tile: D = A·B starts the sum.
-          wgmma::mma_async_m64n128k16_f32_bf16_bf16(acc, wgmma::desc_advance(da, 32 * kk),
-                                                    wgmma::desc_advance(db, 32 * kk), (s | kk) != 0 ? 1u : 0u);
-        }
-        wgmma::commit_group_sync_aligned();
-        // Keep one stage of wgmma in flight; the one before it has finished
-        // reading its shared memory and is released.
-        wgmma::wait_group_sync_aligned<1>();
-        fence_acc(acc);
-        if (s > 0) {
-          __syncwarp();
-          if (l == 0) ptx::mbarrier_arrive(bf_empty0 + 8 * prev);
-        }
-        prev = bs.idx;
-        bs.advance();
-      }
-      wgmma::wait_group_sync_aligned<0>();
-      fence_acc(acc);
-      __syncwarp();
-      if (l == 0) ptx::mbarrier_arrive(bf_empty0 + 8 * prev);
+      mainloop_bf16<C::kBfStages>(acc, bs, (wk.k1 - wk.k0) * (kBK / kBKbf),
+                                  base + C::kAbfOff + cw * kRowsPerWg * kSwizzleBytes, C::kAbfBytes,
+                                  base + C::kBbfOff, C::kBbfBytes, bf_full0, bf_empty0, p,
+                                  cons_t0 && ti == wk.first);
       if (cons_t0) trace_event(p, kTrConsMainDone);
       const int64_t row_base = static_cast<int64_t>(tl.mb) * kBM + kRowsPerWg * cw;
       if (finish_tile<kSplit, kRegEpi>(p, acc, tl, row_base, stg, 1 + cw, rank,
@@ -373,28 +340,34 @@ struct Bf16DqFamily {
 using PreACfg = Bf16DqCfg<2, true, false, true>;
 constexpr auto kPreAKernel = &fused_bf16dq_kernel<2, true, false, true>;
 
-// x̂ = the activations dequantized to bf16, row-major [M][K]: thread i
-// converts group i of 8 e4m3 (one row, K 8c .. 8c+7, inside MX block c / 4)
-// with the transform's dequantizer and its MX scale, read from the F8_128x4
-// chunk of (row / 128, stage c / 16): word sf_chunk_word(row % 128), byte
-// (c / 4) % 4. Grid-stride; 8-byte loads, 16-byte stores: a warp reads 256 and
-// writes 512 contiguous bytes per instruction.
-__global__ void __launch_bounds__(256) dequant_x_kernel(const uint8_t* __restrict__ xq,
-                                                        const uint8_t* __restrict__ xsf, uint8_t* __restrict__ xbf,
-                                                        int64_t m, int64_t k) {
-  griddepcontrol_wait();  // xq / xsf: typically the previous grid's output (the quantize op)
+// MX operands dequantized to bf16, row-major [rows][K] (the activations x̂
+// and, for the prefill kernel, the weights ŵ: both F8_128x4-scaled e4m3 of
+// the same form): thread i converts group i of 8 e4m3 (one row, K 8c .. 8c+7,
+// inside MX block c / 4) with the transform's dequantizer and its MX scale,
+// read from the F8_128x4 chunk of (row / 128, stage c / 16): word
+// sf_chunk_word(row % 128), byte (c / 4) % 4. Grid-stride over job a's groups
+// then job b's; 8-byte loads, 16-byte stores: a warp reads 256 and writes 512
+// contiguous bytes per instruction.
+__global__ void __launch_bounds__(256) dequant_mx_kernel(const DequantJob a, const DequantJob b, int64_t k) {
+  griddepcontrol_wait();  // the operands: typically a previous grid's output (the quantize op)
   griddepcontrol_launch_dependents();
   const int64_t groups_per_row = k / 8;
   const int64_t k_stages = k / kBK;
-  const int64_t n = m * groups_per_row;
+  const int64_t na = a.rows * groups_per_row;
+  const int64_t n = na + b.rows * groups_per_row;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t row = i / groups_per_row;
-    const int64_t c = i - row * groups_per_row;
-    const uint2 v = *reinterpret_cast<const uint2*>(xq + row * k + 8 * c);
-    const uint8_t* chunk = xsf + ((row / 128) * k_stages + c / 16) * kSfChunk;
+    const bool in_a = i < na;  // field by field: a reference to either parameter would copy both to the stack
+    const uint8_t* q = in_a ? a.q : b.q;
+    const uint8_t* sf = in_a ? a.sf : b.sf;
+    uint8_t* out = in_a ? a.out : b.out;
+    const int64_t g = in_a ? i : i - na;
+    const int64_t row = g / groups_per_row;
+    const int64_t c = g - row * groups_per_row;
+    const uint2 v = *reinterpret_cast<const uint2*>(q + row * k + 8 * c);
+    const uint8_t* chunk = sf + ((row / 128) * k_stages + c / 16) * kSfChunk;
     const uint32_t s = chunk[sf_chunk_word(static_cast<int>(row % 128)) + (c / 4) % 4];
-    *reinterpret_cast<uint4*>(xbf + (row * k + 8 * c) * 2) = dequant8_e4m3_to_bf16(v.x, v.y, s);
+    *reinterpret_cast<uint4*>(out + (row * k + 8 * c) * 2) = dequant8_e4m3_to_bf16(v.x, v.y, s);
   }
 }
 
@@ -411,15 +384,20 @@ cudaError_t prepare_bf16dq() {
   return cudaFuncSetAttribute(kPreAKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PreACfg::kSmemBytes);
 }
 
+m3qkv_status launch_dequant_mx(const DequantJob& a, const DequantJob& b, int64_t k, int grid, bool pdl,
+                               cudaStream_t stream) {
+  host::LaunchShape d;
+  d.grid = static_cast<unsigned>(grid);
+  d.threads = 256;
+  d.pdl = pdl;
+  return host::launch("m3qkv_fused_qkv", "dequant_mx_kernel", dequant_mx_kernel, d, stream, a, b, k);
+}
+
 m3qkv_status launch_bf16dq_pre_a(const uint8_t* xq, const uint8_t* xsf, void* xbf, const CUtensorMap& tmap_xbf,
                                  const CUtensorMap& tmap_w, const KernelParams& p, int grid, int dequant_grid, bool pdl,
                                  cudaStream_t stream) {
-  host::LaunchShape d;
-  d.grid = static_cast<unsigned>(dequant_grid);
-  d.threads = 256;
-  d.pdl = pdl;
-  M3QKV_TRY(host::launch("m3qkv_fused_qkv", "dequant_x_kernel", dequant_x_kernel, d, stream, xq, xsf,
-                         static_cast<uint8_t*>(xbf), static_cast<int64_t>(p.m), static_cast<int64_t>(p.k_stages) * kBK));
+  const DequantJob x{xq, xsf, static_cast<uint8_t*>(xbf), p.m};
+  M3QKV_TRY(launch_dequant_mx(x, DequantJob{}, static_cast<int64_t>(p.k_stages) * kBK, dequant_grid, pdl, stream));
   // PDL always: the GEMM's prerequisite is the dequant grid, which itself
   // waited for the caller's previous work where the caller asked for PDL (and
   // was stream-ordered after it where not).

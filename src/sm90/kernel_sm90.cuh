@@ -182,6 +182,53 @@ __device__ __forceinline__ void fence_acc(float (&d)[64]) {
   for (int i = 0; i < 64; ++i) wgmma::fence_operand(d[i]);
 }
 
+// One tile's mainloop of a consumer warpgroup over `n_bf` bf16 stages (BK 64:
+// 4 x wgmma.m64n128k16 each), for every bf16-stage kernel (variant A and the
+// prefill kernel): stage s's A operand at a0 + s·a_bytes (this warpgroup's 64
+// rows), its B operand at b0 + s·b_bytes, both [rows][64 bf16] with the 128-B
+// swizzle; full[s] says the stage is complete, one arrival per warp on
+// empty[s] releases it once the wgmma that read it is done. One stage of
+// wgmma stays in flight. The accumulator starts from zero (scale_d = 0 on the
+// first k16), which also ends the previous tile's live range.
+template <int kBfStages>
+__device__ __forceinline__ void mainloop_bf16(float (&acc)[64], PipeState<kBfStages>& bs, int n_bf, uint32_t a0,
+                                              uint32_t a_bytes, uint32_t b0, uint32_t b_bytes, uint32_t full0,
+                                              uint32_t empty0, const KernelParams& p, bool trace_first) {
+  const int l = threadIdx.x % 32;
+#pragma unroll
+  for (int i = 0; i < 64; ++i) acc[i] = 0.0f;
+  uint32_t prev = 0;
+  for (int s = 0; s < n_bf; ++s) {
+    ptx::mbarrier_wait(full0 + 8 * bs.idx, bs.phase);
+    if (trace_first && s == 0) trace_event(p, kTrConsFirstBf);
+    const uint64_t da = wgmma::make_desc_kmajor_sw128(a0 + bs.idx * a_bytes);
+    const uint64_t db = wgmma::make_desc_kmajor_sw128(b0 + bs.idx * b_bytes);
+    fence_acc(acc);
+    wgmma::fence_sync_aligned();
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      // scale_d = 0 on the first k16 of the tile: D = A·B starts the sum.
+      wgmma::mma_async_m64n128k16_f32_bf16_bf16(acc, wgmma::desc_advance(da, 32 * kk), wgmma::desc_advance(db, 32 * kk),
+                                                (s | kk) != 0 ? 1u : 0u);
+    }
+    wgmma::commit_group_sync_aligned();
+    // Keep one stage of wgmma in flight; the one before it has finished
+    // reading its shared memory and is released.
+    wgmma::wait_group_sync_aligned<1>();
+    fence_acc(acc);
+    if (s > 0) {
+      __syncwarp();
+      if (l == 0) ptx::mbarrier_arrive(empty0 + 8 * prev);
+    }
+    prev = bs.idx;
+    bs.advance();
+  }
+  wgmma::wait_group_sync_aligned<0>();
+  fence_acc(acc);
+  __syncwarp();
+  if (l == 0) ptx::mbarrier_arrive(empty0 + 8 * prev);
+}
+
 // Split-K reduction of one consumer warpgroup's 64 x 128 block to the leader
 // (kSplit kernels with the staged epilogue, one consumer warpgroup; the
 // register-epilogue instances use splitk_reduce_spread below). Every CTA holds the partial
@@ -401,6 +448,18 @@ cudaError_t prepare_fp8promo();  // cudaFuncSetAttribute (max dynamic smem) of e
 m3qkv_status launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
                            const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
 cudaError_t prepare_bf16dq();
+// One MX operand to dequantize to bf16 (dequant_mx_kernel): e4m3 `q`
+// [rows][K], its F8_128x4 scales `sf`, the bf16 result `out` [rows][K]
+// (16-B aligned); rows = 0: nothing.
+struct DequantJob {
+  const uint8_t* q = nullptr;
+  const uint8_t* sf = nullptr;
+  uint8_t* out = nullptr;
+  int64_t rows = 0;
+};
+// Converts job a then job b (one grid; `pdl` as use_pdl of the call).
+m3qkv_status launch_dequant_mx(const DequantJob& a, const DequantJob& b, int64_t k, int grid, bool pdl,
+                               cudaStream_t stream);
 // Variant A with pre-converted activations (the prefill instance: BM 128,
 // register epilogue, no split-K): dequant_x_kernel writes x̂ (bf16 [M][K],
 // `xbf`, 16-B aligned, M·K·2 bytes) on `dequant_grid` CTAs, then the GEMM
@@ -410,6 +469,15 @@ cudaError_t prepare_bf16dq();
 m3qkv_status launch_bf16dq_pre_a(const uint8_t* xq, const uint8_t* xsf, void* xbf, const CUtensorMap& tmap_xbf,
                                  const CUtensorMap& tmap_w, const KernelParams& p, int grid, int dequant_grid, bool pdl,
                                  cudaStream_t stream);
+// The prefill kernel (prefill_sm90.cu): dequant_mx_kernel converts x (rows M)
+// and w (rows N) into their bf16 copies, then the TMA-fed bf16 GEMM with the
+// epilogue warpgroup reads them through tmap_xbf / tmap_wbf (bytes: inner 2K,
+// boxes 128 B x 128 rows, 128-B swizzle); PDL always for the GEMM, `pdl` for
+// the conversion (use_pdl of the call).
+m3qkv_status launch_prefill(const DequantJob& x, const DequantJob& w, const CUtensorMap& tmap_xbf,
+                            const CUtensorMap& tmap_wbf, const KernelParams& p, int grid, int dequant_grid, bool pdl,
+                            cudaStream_t stream);
+cudaError_t prepare_prefill();
 // cudaOccupancyMaxActiveClusters of the split-K instance with clusters of `split` CTAs (-1 on error).
 int max_clusters_fp8promo(bool reg_epi, int split);
 int max_clusters_bf16dq(bool reg_epi, int split);

@@ -52,6 +52,7 @@ m3qkv_status prepare_device(const DeviceInfo& dev, const Sm90Setup** out) {
   return host::once(kFn, dev, host::OnceSlot::kSm90, [](Sm90Setup* s) -> m3qkv_status {
     cudaError_t e = sm90::prepare_fp8promo();
     if (e == cudaSuccess) e = sm90::prepare_bf16dq();
+    if (e == cudaSuccess) e = sm90::prepare_prefill();
     if (e == cudaSuccess) e = sm90::decode::prepare_decode();
     if (e != cudaSuccess) return cuda_fail(kFn, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the SM90 kernels", e);
     for (int v = 0; v < 2; ++v)
@@ -136,10 +137,10 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                 int variant, int block_m, int epilogue, int split) {
   if (variant != kSm90Bf16Dequant && variant != kSm90Fp8Promote && variant != kSm90Bf16DequantPreA &&
-      variant != kSm90AutoVariant)
+      variant != kSm90Bf16Prefill && variant != kSm90AutoVariant)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
                 "sm90_fused_variant: variant = %d is not 0 (bf16 dequant), 1 (fp8 promote), 2 (bf16 dequant, "
-                "activations pre-converted) or -1 (automatic)",
+                "activations pre-converted), 3 (prefill: both operands pre-converted) or -1 (automatic)",
                 variant);
   if (epilogue != kSm90EpilogueStaged && epilogue != kSm90EpilogueRegisters)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_variant: epilogue = %d is not 0 (staged) or 1 (registers)",
@@ -170,20 +171,34 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                 "register epilogue and M·K·2 <= %lld bytes (plan: block_m %d, split %d; epilogue %d; M %lld)",
                 static_cast<long long>(sm90::kPreAMaxBytes), plan.bm, plan.split, epilogue,
                 static_cast<long long>(a.m));
-  const bool pre_a = variant == kSm90Bf16DequantPreA || (variant == kSm90AutoVariant && pre_a_ok);
+  const int64_t n = in.heads * kHeadDim;
+  const bool prefill_ok = epilogue == kSm90EpilogueRegisters && sm90::prefill_applies(plan, a.m, n, a.k);
+  if (variant == kSm90Bf16Prefill && !prefill_ok)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "sm90_fused_variant: variant 3 (prefill) needs 128-row tiles without split-K, the register "
+                "epilogue and (M + N)·K·2 <= %lld bytes (plan: block_m %d, split %d; epilogue %d; M %lld)",
+                static_cast<long long>(sm90::kPreAMaxBytes), plan.bm, plan.split, epilogue,
+                static_cast<long long>(a.m));
+  const bool prefill =
+      variant == kSm90Bf16Prefill || (variant == kSm90AutoVariant && prefill_ok && sm90::prefer_prefill(a.m));
+  const bool pre_a = variant == kSm90Bf16DequantPreA || (variant == kSm90AutoVariant && pre_a_ok && !prefill);
   host::timing_mark(host::Phase::kPlan);
 
   // x̂ (pre_a): after the workspace's zeroed head, which belongs to the decode
   // kernel's arrival counters (left zero by every kernel that uses them).
+  // ŵ (prefill) right after x̂.
   void* xbf = nullptr;
-  if (pre_a) {
+  uint8_t* wbf = nullptr;
+  if (pre_a || prefill) {
     void* ws = nullptr;
     const size_t xbf_bytes = static_cast<size_t>(a.m) * static_cast<size_t>(a.k) * 2;
-    M3QKV_TRY(host::stream_workspace(dev, s, host::kWorkspaceZeroBytes + xbf_bytes, &ws));
+    const size_t wbf_bytes = prefill ? static_cast<size_t>(n) * static_cast<size_t>(a.k) * 2 : 0;
+    M3QKV_TRY(host::stream_workspace(dev, s, host::kWorkspaceZeroBytes + xbf_bytes + wbf_bytes, &ws));
     xbf = static_cast<uint8_t*>(ws) + host::kWorkspaceZeroBytes;
+    wbf = prefill ? static_cast<uint8_t*>(xbf) + xbf_bytes : nullptr;
   }
   CUtensorMap tmap_x, tmap_w;
-  if (pre_a)
+  if (pre_a || prefill)
     M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "x_bf16 (workspace)", xbf, static_cast<uint64_t>(a.k) * 2,
                                           static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k) * 2,
                                           sm90::kSwizzleBytes, static_cast<uint32_t>(plan.bm),
@@ -192,9 +207,14 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
     M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k),
                                           static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k), sm90::kBK,
                                           static_cast<uint32_t>(plan.bm), CU_TENSOR_MAP_SWIZZLE_128B));
-  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
-                                        static_cast<uint64_t>(in.heads * kHeadDim), static_cast<uint64_t>(a.k),
-                                        sm90::kBK, sm90::kBN, CU_TENSOR_MAP_SWIZZLE_128B));
+  if (prefill)
+    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "w_bf16 (workspace)", wbf, static_cast<uint64_t>(a.k) * 2,
+                                          static_cast<uint64_t>(n), static_cast<uint64_t>(a.k) * 2,
+                                          sm90::kSwizzleBytes, sm90::kBN, CU_TENSOR_MAP_SWIZZLE_128B));
+  else
+    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
+                                          static_cast<uint64_t>(n), static_cast<uint64_t>(a.k), sm90::kBK, sm90::kBN,
+                                          CU_TENSOR_MAP_SWIZZLE_128B));
   host::timing_mark(host::Phase::kTensorMaps);
 
   sm90::KernelParams p;
@@ -217,7 +237,11 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   // The conversion: memory-bound, 8 CTAs of 256 threads per SM (a full SM).
   const int dequant_grid = 8 * (dev.num_sms > 0 ? dev.num_sms : 1);
   const m3qkv_status st =
-      pre_a ? sm90::launch_bf16dq_pre_a(static_cast<const uint8_t*>(a.xq), p.xsf, xbf, tmap_x, tmap_w, p, plan.grid,
+      prefill ? sm90::launch_prefill(sm90::DequantJob{static_cast<const uint8_t*>(a.xq), p.xsf,
+                                                      static_cast<uint8_t*>(xbf), a.m},
+                                     sm90::DequantJob{static_cast<const uint8_t*>(a.wq), p.wsf, wbf, n}, tmap_x,
+                                     tmap_w, p, plan.grid, dequant_grid, pdl, s)
+      : pre_a ? sm90::launch_bf16dq_pre_a(static_cast<const uint8_t*>(a.xq), p.xsf, xbf, tmap_x, tmap_w, p, plan.grid,
                                         dequant_grid, pdl, s)
       : variant == kSm90Fp8Promote ? sm90::launch_fp8promo(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s)
                                    : sm90::launch_bf16dq(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s);

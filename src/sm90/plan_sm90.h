@@ -126,8 +126,22 @@ constexpr int64_t kPreAMaxBytes = int64_t{512} << 20;
 // Below it the plan decides (M 257..511 not measured yet).
 constexpr int64_t kPreAMinM = 512;
 inline int auto_block_m(int64_t m) { return m >= kPreAMinM ? 128 : 0; }
+// From M = kPrefillMinM the automatic choice is the prefill kernel (both
+// operands converted per call; ŵ costs N·K·3 bytes whatever M) where it
+// applies, measured on the H200 (bench/RESULTS.md v10, cold L2, µs, pre-A /
+// prefill):        M = 512        M = 1024       M = 4096       M = 16384
+//   TP4          57.8 / 60.3    108.0 / 97.3   290.3 / 273.0  1151.9 / 942.7
+//   TP1         155.3 / 177.9   269.4 / 268.8 1041.6 / 884.9  4078.2 / 3735.5
+//   TP8          58.0 / 53.9     60.2 / 57.4   185.5 / 170.8   730.8 / 619.5
+constexpr int64_t kPrefillMinM = 1024;
+inline bool prefer_prefill(int64_t m) { return m >= kPrefillMinM; }
 inline bool pre_a_applies(const Plan& p, int64_t m, int64_t k) {
   return p.cons == 2 && p.split == 1 && m > 0 && k > 0 && m <= kPreAMaxBytes / 2 / k;
+}
+// Prefill step 2 (both operands converted: x̂ and ŵ, (M + N)·K·2 bytes of
+// workspace, the same cap) on the same plans.
+inline bool prefill_applies(const Plan& p, int64_t m, int64_t n, int64_t k) {
+  return p.cons == 2 && p.split == 1 && m > 0 && n > 0 && k > 0 && m <= kPreAMaxBytes / 2 / k - n;
 }
 
 }  // namespace m3qkv::sm90

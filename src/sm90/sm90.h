@@ -22,8 +22,15 @@ enum Sm90Variant : int {
   // only): the prefill instance, 128-row tiles without split-K, register
   // epilogue. Same bytes as A (docs/sm90.md "Prefill step 1").
   kSm90Bf16DequantPreA = 2,
-  // sm90_fused's choice: kSm90Bf16DequantPreA where it applies
-  // (sm90::pre_a_applies), else kSm90Bf16Dequant.
+  // Both operands converted to bf16 once per call (x̂ and ŵ in the stream
+  // workspace), a TMA-fed bf16 mainloop with no transform, and an epilogue
+  // warpgroup overlapped with the next tile (prefill_sm90.cu): the same
+  // tiles, plan and bytes as kSm90Bf16DequantPreA (docs/sm90.md "Prefill step 2").
+  kSm90Bf16Prefill = 3,
+  // sm90_fused's choice (plan_sm90.h): 128-row tiles from M = 512; there
+  // kSm90Bf16Prefill from M = 1024 (sm90::prefer_prefill), else
+  // kSm90Bf16DequantPreA where it applies (sm90::pre_a_applies), else
+  // kSm90Bf16Dequant.
   kSm90AutoVariant = -1,
 };
 // The variant sm90_fused runs, picked from the H200 measurement of issue 4

@@ -141,6 +141,16 @@ TEST(Sm90Plan, AutomaticChoiceTakesTheHighTilesFromM512) {
   EXPECT_TRUE(sm90::pre_a_applies(plan90(in), 1024, 6144));
 }
 
+TEST(Sm90Plan, PrefillKernelFromM1024WhereItsCopiesFit) {
+  EXPECT_FALSE(sm90::prefer_prefill(1023));
+  EXPECT_TRUE(sm90::prefer_prefill(1024));
+  // Same plans as pre-A, (M + N)·K·2 <= 512 MiB: TP1 N = 9856 at K = 6144 leaves M <= 33834.
+  EXPECT_TRUE(sm90::prefill_applies(plan90(h200(4096, 77)), 4096, 9856, 6144));
+  EXPECT_TRUE(sm90::prefill_applies(plan90(h200(33834, 77)), 33834, 9856, 6144));
+  EXPECT_FALSE(sm90::prefill_applies(plan90(h200(33835, 77)), 33835, 9856, 6144));
+  EXPECT_FALSE(sm90::prefill_applies(plan90(h200(512, 20)), 512, 2560, 6144)) << "64-row split-K plan";
+}
+
 TEST(Sm90Plan, GridOverrideIsClampedToTheTiles) {
   sm90::PlanInput in = h200(4096, 20);
   in.grid = 7;

@@ -89,6 +89,7 @@ const char* variant_name(int v) {
   return v == m3qkv::kSm90Bf16Dequant       ? "A_bf16dq"
          : v == m3qkv::kSm90Fp8Promote      ? "B_fp8promo"
          : v == m3qkv::kSm90Bf16DequantPreA ? "A_preA"
+         : v == m3qkv::kSm90Bf16Prefill     ? "prefill"
                                             : "auto";
 }
 const int kEpilogues[] = {m3qkv::kSm90EpilogueStaged, m3qkv::kSm90EpilogueRegisters};
@@ -121,13 +122,15 @@ struct Sm90Run {
 // The prefill instance (variant A, activations pre-converted): runs where its
 // plan has 128-row tiles without split-K (block_m 128 forces that on every M)
 // with the register epilogue.
-Sm90Run pre_a_run() {
+Sm90Run pre_a_run(int variant = m3qkv::kSm90Bf16DequantPreA) {
   Sm90Run r;
-  r.variant = m3qkv::kSm90Bf16DequantPreA;
+  r.variant = variant;
   r.epilogue = m3qkv::kSm90EpilogueRegisters;
   r.block_m = 128;
   return r;
 }
+// The prefill kernel (both operands pre-converted, epilogue warpgroup): the same plans.
+Sm90Run prefill_run() { return pre_a_run(m3qkv::kSm90Bf16Prefill); }
 
 // Runs sm90_fused_variant once on fresh poisoned outputs (salt) and fetches them.
 void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int salt, Fetched* out,
@@ -227,6 +230,7 @@ TEST_P(Sm90Exact, BothVariantsBitExactVsGolden) {
       if (HasFailure()) return;
     }
   ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, pre_a_run(), exact_name(c)));
+  ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, prefill_run(), exact_name(c)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, Sm90Exact, ::testing::ValuesIn(exact_cases()),
@@ -261,21 +265,23 @@ TEST(Sm90Shapes, TileHeightsGridsPdlGiveGoldenBytes_TP4_M129_K6144) {
           }
   // The prefill instance: persistent grids (one CTA walks all 40 tiles: both
   // producers' rings wrap across tiles), PDL on its first kernel.
-  for (int grid : {0, 1, 7})
-    for (int pdl : {0, 1}) {
-      Sm90Run run = pre_a_run();
-      run.grid = grid;
-      run.use_pdl = pdl;
-      ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M129_K6144"));
-      if (HasFailure()) return;
-    }
+  // The prefill kernel: the same, and its hand-off buffers wrap across tiles.
+  for (const Sm90Run& base : {pre_a_run(), prefill_run()})
+    for (int grid : {0, 1, 7})
+      for (int pdl : {0, 1}) {
+        Sm90Run run = base;
+        run.grid = grid;
+        run.use_pdl = pdl;
+        ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M129_K6144"));
+        if (HasFailure()) return;
+      }
 }
 
 // The automatic choice (what sm90_fused runs: variant -1) over the prefill
-// M range of issue 11, K short (CPU golden time): from M = 512 (and where the
-// plan has 128-row tiles without split-K) it is the prefill instance, below
-// it variant A (TP4 M = 300: 64-row tiles with split-K); every byte golden
-// either way.
+// M range of issue 11, K short (CPU golden time): from M = 1024 the prefill
+// kernel, from M = 512 variant A with pre-converted activations (and where
+// the plan has 128-row tiles without split-K), below it variant A (TP4 M =
+// 300: 64-row tiles with split-K); every byte golden either way.
 TEST(Sm90Shapes, AutomaticPrefillChoiceGivesGoldenBytes) {
   M3QKV_REQUIRE_SM90();
   print_seed_once();
@@ -315,9 +321,14 @@ TEST(Sm90Shapes, PrefillInstanceRefusedWhereItDoesNotApply) {
   EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 64, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 0, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);  // auto: 64 rows
   EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 64, regs, 2), M3QKV_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, 3, 128, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, 4, 128, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);  // no such variant
   EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 128, m3qkv::kSm90EpilogueStaged, 0), M3QKV_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(m3qkv_last_error()).find("variant 2"), std::string::npos) << m3qkv_last_error();
+  const int pf = m3qkv::kSm90Bf16Prefill;
+  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, pf, 64, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, pf, 0, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, pf, 128, m3qkv::kSm90EpilogueStaged, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("variant 3"), std::string::npos) << m3qkv_last_error();
 }
 
 // Split-K over a cluster (64-row tiles; M = 320: 5 row blocks, the last one
@@ -442,6 +453,7 @@ TEST_P(Sm90Random, GemmErrorAndEpilogueOnTap) {
   a128.block_m = 128;
   runs.push_back(a128);
   runs.push_back(pre_a_run());
+  runs.push_back(prefill_run());
   std::vector<std::vector<float>> taps;
   for (const Sm90Run& run : runs) {
     {
@@ -464,12 +476,14 @@ TEST_P(Sm90Random, GemmErrorAndEpilogueOnTap) {
     }
   }
   ASSERT_EQ(taps.size(), runs.size());
-  const std::vector<float>& ta = taps[taps.size() - 2];
-  const std::vector<float>& tp = taps.back();
-  int64_t first = -1;
-  const int64_t bad = count_f32_mismatch(tp.data(), ta.data(), ta.size(), &first);
-  EXPECT_EQ(bad, 0) << "the prefill instance's accumulator differs from variant A's (BM 128, no split) in " << bad
-                    << " entries; first " << first;
+  const std::vector<float>& ta = taps[taps.size() - 3];
+  for (size_t r = taps.size() - 2; r < taps.size(); ++r) {
+    int64_t first = -1;
+    const int64_t bad = count_f32_mismatch(taps[r].data(), ta.data(), ta.size(), &first);
+    EXPECT_EQ(bad, 0) << variant_name(runs[r].variant)
+                      << ": the accumulator differs from variant A's (BM 128, no split) in " << bad
+                      << " entries; first " << first;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Random,

@@ -75,6 +75,10 @@ constexpr Shape kSplitTile{kTP4, 64, 2048, 16, true};
 constexpr Shape kWaves{kTP2, 513, 512, 64, true};
 // Prefill-like, TP1 (odd head count 77), out-of-range slots / positions.
 constexpr Shape kTP1Prefill{kTP1, 129, 512, 16, true};
+// The SM90 prefill kernel's range (M >= 1024: its conversion grid, then the
+// GEMM with PDL; both copies in the stream workspace, allocated during the
+// capture when this runs first).
+constexpr Shape kPrefill{kTP4, 1024, 256, 16, true};
 
 ProblemConfig config(const Shape& s, uint64_t seed_tag) {
   ProblemConfig cfg;
@@ -371,7 +375,7 @@ TEST_P(GpuGraph, CaptureReplaySameBytes) {
   M3QKV_REQUIRE_GPU();
   print_seed_once();
   const GraphCase& c = GetParam();
-  const Shape shapes[] = {kDecode, kSplitTile, kWaves};
+  const Shape shapes[] = {kDecode, kSplitTile, kWaves, kPrefill};
   uint64_t tag = 0x6A00 + uint64_t(c.backend) * 16 + uint64_t(c.use_pdl) * 4;
   for (const Shape& s : shapes) {
     capture_replay_one(c, s, ++tag);

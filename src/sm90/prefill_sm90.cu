@@ -1,0 +1,156 @@
+// SM90 prefill kernel (docs/sm90.md "Prefill step 2"): both operands in bf16,
+// converted once per call (dequant_mx_kernel: x̂ = the activations, ŵ = the
+// weights, e4m3·2^(s-127) exactly, into the stream workspace), TMA'd with the
+// 128-B swizzle straight into the wgmma stages; bf16 wgmma m64n128k16 with f32
+// accumulators over the whole K, so the accumulator is variant A's bit for
+// bit (same operand values, same chain: mainloop_bf16). With no transform in
+// the mainloop, its warpgroup slot runs the epilogue: the consumers hand each
+// finished block over through shared memory and go on with the next tile.
+//
+// Warp roles (prefill_config.h has the budgets):
+//   warpgroup 0: producer, one elected thread: per stage the x̂ and ŵ tiles
+//                on full[s] (one arrive.expect_tx)           setmaxnreg.dec 40
+//   warpgroups 1, 2: consumers, 64 rows each: mainloop_bf16, then the
+//                block into hand-off buffer c (ho_full[c])    setmaxnreg.inc 152
+//   warpgroup 3: epilogue: per tile, block c of the buffer through the
+//                register epilogue (thread t holds consumer thread t's
+//                fragment), then ho_empty[c]                  setmaxnreg.inc 168
+// Barriers: full[s] (1 arrival + the stage's bytes), empty[s] (one arrival
+// per consumer warp), ho_full[c] (consumer c's 128 threads), ho_empty[c]
+// (the epilogue's 128 threads).
+#include "sm90/epilogue_regs_sm90.cuh"
+#include "sm90/kernel_sm90.cuh"
+#include "sm90/prefill_config.h"
+
+namespace m3qkv::sm90 {
+namespace {
+
+namespace pf = prefill;
+
+// The producer: stage s of tile (mb, head) = K 64s .. 64s + 63 of the x̂ rows
+// 128mb .. and of the ŵ rows 128·head .. (as bytes: column 128s).
+__device__ __forceinline__ void produce_prefill(const KernelParams& p, const CUtensorMap* tmap_xbf,
+                                                const CUtensorMap* tmap_wbf, uint32_t base, uint32_t full0,
+                                                uint32_t empty0) {
+  PipeState<pf::kStages> st;
+  const int n_bf = 2 * p.k_stages;
+  for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
+    const Tile tl = tile_of(p, t);
+    for (int s = 0; s < n_bf; ++s) {
+      const uint32_t full = full0 + 8 * st.idx;
+      ptx::mbarrier_wait(empty0 + 8 * st.idx, st.phase ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(full, pf::kStageBytes);
+      ptx::cp_async_bulk_tensor_2d(base + pf::kAOff + st.idx * pf::kABytes, tmap_xbf, s * kSwizzleBytes,
+                                   tl.mb * pf::kBM, full);
+      ptx::cp_async_bulk_tensor_2d(base + pf::kBOff + st.idx * pf::kBBytes, tmap_wbf, s * kSwizzleBytes,
+                                   tl.head * kBN, full);
+      st.advance();
+    }
+  }
+}
+
+__global__ void __launch_bounds__(pf::kThreads, 1)
+    fused_prefill_kernel(const __grid_constant__ CUtensorMap tmap_xbf, const __grid_constant__ CUtensorMap tmap_wbf,
+                         const __grid_constant__ KernelParams p) {
+#if defined(__CUDA_ARCH__) && M3QKV_HAS_WGMMA
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = ptx::smem_u32(smem_raw);
+  const uint32_t base = (raw + kSwizzleAtom - 1) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
+  uint8_t* gbase = smem_raw + (base - raw);
+  const uint32_t full0 = base + pf::kBarOff;
+  const uint32_t empty0 = full0 + 8 * pf::kStages;
+  const uint32_t ho_full0 = empty0 + 8 * pf::kStages;
+  const uint32_t ho_empty0 = ho_full0 + 8 * pf::kCons;
+  float* handoff = reinterpret_cast<float*>(gbase + pf::kHandoffOff);
+
+  const int wg = threadIdx.x / kWarpgroup;
+  const int warp = threadIdx.x / 32;
+  if (threadIdx.x == 0) {
+    trace_event(p, kTrEntry);
+    for (int s = 0; s < pf::kStages; ++s) {
+      ptx::mbarrier_init(full0 + 8 * s, 1);
+      ptx::mbarrier_init(empty0 + 8 * s, 4 * pf::kCons);
+    }
+    for (int c = 0; c < pf::kCons; ++c) {
+      ptx::mbarrier_init(ho_full0 + 8 * c, kWarpgroup);
+      ptx::mbarrier_init(ho_empty0 + 8 * c, kWarpgroup);
+    }
+    ptx::fence_mbarrier_init_release_cluster();
+  }
+  if (threadIdx.x == 32) {
+    ptx::prefetch_tensormap(&tmap_xbf);
+    ptx::prefetch_tensormap(&tmap_wbf);
+  }
+  __syncthreads();
+  griddepcontrol_wait();  // x̂, ŵ: the dequant grid's output; the epilogue inputs: the caller's
+  if (threadIdx.x == 0) trace_event(p, kTrPdlWaitDone);
+
+  if (wg == 0) {
+    ptx::setmaxnreg_dec<pf::kProducerRegs>();
+    if (warp == 0 && ptx::elect_sync()) {
+      trace_event(p, kTrProducerStart);
+      produce_prefill(p, &tmap_xbf, &tmap_wbf, base, full0, empty0);
+    }
+    griddepcontrol_launch_dependents();
+  } else if (wg <= pf::kCons) {
+    ptx::setmaxnreg_inc<pf::kConsumerRegs>();
+    const int cw = wg - 1;
+    const bool cons_t0 = threadIdx.x == kWarpgroup;  // first consumer thread
+    PipeState<pf::kStages> bs;
+    float acc[64];
+    uint32_t ho_phase = 0;
+    for (int ti = blockIdx.x; ti < p.num_tiles; ti += gridDim.x) {
+      mainloop_bf16<pf::kStages>(acc, bs, 2 * p.k_stages, base + pf::kAOff + cw * kRowsPerWg * kSwizzleBytes,
+                                 pf::kABytes, base + pf::kBOff, pf::kBBytes, full0, empty0, p,
+                                 cons_t0 && ti == static_cast<int>(blockIdx.x));
+      if (cons_t0) trace_event(p, kTrConsMainDone);
+      // Hand the block over once the epilogue released the buffer's previous
+      // block (parity starts at 1: a fresh barrier's preceding phase counts
+      // as complete), then go on with the next tile.
+      ptx::mbarrier_wait(ho_empty0 + 8 * cw, ho_phase ^ 1u);
+      handoff_store(handoff + cw * 64 * kWarpgroup, acc);
+      ptx::mbarrier_arrive(ho_full0 + 8 * cw);
+      ho_phase ^= 1u;
+    }
+  } else {
+    ptx::setmaxnreg_inc<pf::kEpilogueRegs>();
+    const bool epi_t0 = threadIdx.x == (1 + pf::kCons) * kWarpgroup;
+    uint32_t ho_phase = 0;
+    for (int ti = blockIdx.x; ti < p.num_tiles; ti += gridDim.x) {
+      const Tile tl = tile_of(p, ti);
+#pragma unroll 1
+      for (int c = 0; c < pf::kCons; ++c) {
+        ptx::mbarrier_wait(ho_full0 + 8 * c, ho_phase);
+        epilogue_block_handoff(p, handoff + c * 64 * kWarpgroup, tl,
+                               static_cast<int64_t>(tl.mb) * pf::kBM + kRowsPerWg * c);
+        ptx::mbarrier_arrive(ho_empty0 + 8 * c);
+      }
+      ho_phase ^= 1u;
+    }
+    if (epi_t0) trace_event(p, kTrConsEpiDone);
+  }
+  if (threadIdx.x == 0) trace_event(p, kTrExit);
+#endif
+}
+
+}  // namespace
+
+cudaError_t prepare_prefill() {
+  return cudaFuncSetAttribute(fused_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pf::kSmemBytes);
+}
+
+m3qkv_status launch_prefill(const DequantJob& x, const DequantJob& w, const CUtensorMap& tmap_xbf,
+                            const CUtensorMap& tmap_wbf, const KernelParams& p, int grid, int dequant_grid, bool pdl,
+                            cudaStream_t stream) {
+  M3QKV_TRY(launch_dequant_mx(x, w, static_cast<int64_t>(p.k_stages) * kBK, dequant_grid, pdl, stream));
+  // PDL always: the prerequisite is the dequant grid (see launch_bf16dq_pre_a).
+  host::LaunchShape s;
+  s.grid = static_cast<unsigned>(grid);
+  s.threads = pf::kThreads;
+  s.smem = pf::kSmemBytes;
+  s.pdl = true;
+  return host::launch("m3qkv_fused_qkv", "fused_prefill_kernel", fused_prefill_kernel, s, stream, tmap_xbf, tmap_wbf,
+                      p);
+}
+
+}  // namespace m3qkv::sm90
