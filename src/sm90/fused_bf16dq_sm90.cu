@@ -158,30 +158,6 @@ __device__ __forceinline__ void zero_row_half(uint8_t* bf_tile, int r, int x) {
   }
 }
 
-// kPreA: the A producer (warp 1's elected thread). Per bf16 stage, after the
-// consumers released it (bf_empty), the x̂ tile [BM rows][64 bf16] by TMA
-// (x̂ as bytes: K 64·(2ks + h) is byte column 128·(2ks + h)), completing on
-// bf_full with its bytes; the transform's B half arrives on the same barrier.
-template <int kBM, int kBfStages>
-__device__ __forceinline__ void produce_a_bf16(const KernelParams& p, const Work& wk, const CUtensorMap* tmap_xbf,
-                                               uint32_t abf0, uint32_t bf_full0, uint32_t bf_empty0) {
-  constexpr uint32_t kBytes = kBM * kBKbf * 2;
-  PipeState<kBfStages> st;
-  for (int t = wk.first; t < p.num_tiles; t += wk.step) {
-    const Tile tl = tile_of(p, t);
-    for (int ks = wk.k0; ks < wk.k1; ++ks)
-#pragma unroll
-      for (int h = 0; h < kBK / kBKbf; ++h) {
-        const uint32_t full = bf_full0 + 8 * st.idx;
-        ptx::mbarrier_wait(bf_empty0 + 8 * st.idx, st.phase ^ 1u);
-        ptx::mbarrier_arrive_expect_tx(full, kBytes);
-        ptx::cp_async_bulk_tensor_2d(abf0 + st.idx * kBytes, tmap_xbf, (2 * ks + h) * kSwizzleBytes, tl.mb * kBM,
-                                     full);
-        st.advance();
-      }
-  }
-}
-
 template <int kCons, bool kRegEpi, bool kSplit, bool kPreA>
 __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLaunchBound, 1)
     fused_bf16dq_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
@@ -244,7 +220,9 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLau
       produce<kBM, C::kRawStages, !kPreA>(p, wk, &tmap_x, &tmap_w, base + C::kAOff, base + C::kBOff,
                                           base + C::kSfaOff, base + C::kSfbOff, raw_full0, raw_empty0);
     } else if (kPreA && warp == 1 && ptx::elect_sync()) {
-      produce_a_bf16<kBM, C::kBfStages>(p, wk, &tmap_x, base + C::kAbfOff, bf_full0, bf_empty0);
+      // The A producer: x̂ tiles into the A half of every bf16 stage (the
+      // transform's B half arrives on the same bf_full).
+      produce_bf16<kBM, C::kBfStages>(p, wk, &tmap_x, nullptr, base + C::kAbfOff, 0u, bf_full0, bf_empty0);
     }
     griddepcontrol_launch_dependents();
   } else if (wg <= C::kXf) {

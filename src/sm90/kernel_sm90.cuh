@@ -175,6 +175,32 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Work& wk, c
   }
 }
 
+// The TMA producer of the bf16-copy instances (one elected thread): bf16
+// stage s (K 64s .. 64s + 63, s over 2·[k0, k1)) of tile (mb, head) gets the
+// x̂ tile [kBM rows][64 bf16] at a0 + s·kBM·128 and, where `tmap_wbf` is not
+// null (the prefill kernel), the ŵ tile [128 rows][64 bf16] at b0 + s·128·128,
+// both with the 128-B swizzle, completing on full[s] with their bytes; it
+// waits empty[s] before reusing a stage. Copies as bytes: column 128·s.
+template <int kBM, int kStages>
+__device__ __forceinline__ void produce_bf16(const KernelParams& p, const Work& wk, const CUtensorMap* tmap_xbf,
+                                             const CUtensorMap* tmap_wbf, uint32_t a0, uint32_t b0, uint32_t full0,
+                                             uint32_t empty0) {
+  constexpr uint32_t kABytes = kBM * kSwizzleBytes, kBBytes = kBN * kSwizzleBytes;
+  const uint32_t tx = kABytes + (tmap_wbf != nullptr ? kBBytes : 0u);
+  PipeState<kStages> st;
+  for (int t = wk.first; t < p.num_tiles; t += wk.step) {
+    const Tile tl = tile_of(p, t);
+    for (int s = 2 * wk.k0; s < 2 * wk.k1; ++s) {
+      const uint32_t full = full0 + 8 * st.idx;
+      ptx::mbarrier_wait(empty0 + 8 * st.idx, st.phase ^ 1u);
+      ptx::mbarrier_arrive_expect_tx(full, tx);
+      ptx::cp_async_bulk_tensor_2d(a0 + st.idx * kABytes, tmap_xbf, s * kSwizzleBytes, tl.mb * kBM, full);
+      if (tmap_wbf != nullptr)
+        ptx::cp_async_bulk_tensor_2d(b0 + st.idx * kBBytes, tmap_wbf, s * kSwizzleBytes, tl.head * kBN, full);
+      st.advance();
+    }
+  }
+}
 // Keeps the compiler from moving reads/writes of wgmma accumulator registers
 // across the (asm volatile) fence / commit / wait.
 __device__ __forceinline__ void fence_acc(float (&d)[64]) {

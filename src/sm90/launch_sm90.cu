@@ -164,21 +164,18 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   for (int c = 2; c <= kSm90MaxSplit && c <= ks; ++c) in.max_clusters[c] = max_clusters(*setup, mainloop, epilogue, c);
   sm90::Plan plan;
   M3QKV_TRY(sm90::plan(kFn, in, &plan));
-  const bool pre_a_ok = epilogue == kSm90EpilogueRegisters && sm90::pre_a_applies(plan, a.m, a.k);
-  if (variant == kSm90Bf16DequantPreA && !pre_a_ok)
-    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
-                "sm90_fused_variant: variant 2 (activations pre-converted) needs 128-row tiles without split-K, the "
-                "register epilogue and M·K·2 <= %lld bytes (plan: block_m %d, split %d; epilogue %d; M %lld)",
-                static_cast<long long>(sm90::kPreAMaxBytes), plan.bm, plan.split, epilogue,
-                static_cast<long long>(a.m));
+  // The two instances that read bf16 copies from the workspace run on the
+  // 128-row unsplit plans with the register epilogue; a forced one elsewhere is refused.
   const int64_t n = in.heads * kHeadDim;
+  const bool pre_a_ok = epilogue == kSm90EpilogueRegisters && sm90::pre_a_applies(plan, a.m, a.k);
   const bool prefill_ok = epilogue == kSm90EpilogueRegisters && sm90::prefill_applies(plan, a.m, n, a.k);
-  if (variant == kSm90Bf16Prefill && !prefill_ok)
+  if ((variant == kSm90Bf16DequantPreA && !pre_a_ok) || (variant == kSm90Bf16Prefill && !prefill_ok))
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
-                "sm90_fused_variant: variant 3 (prefill) needs 128-row tiles without split-K, the register "
-                "epilogue and (M + N)·K·2 <= %lld bytes (plan: block_m %d, split %d; epilogue %d; M %lld)",
-                static_cast<long long>(sm90::kPreAMaxBytes), plan.bm, plan.split, epilogue,
-                static_cast<long long>(a.m));
+                "sm90_fused_variant: variant %d (%s) needs 128-row tiles without split-K, the register epilogue "
+                "and %s <= %lld bytes (plan: block_m %d, split %d; epilogue %d; M %lld)",
+                variant, variant == kSm90Bf16Prefill ? "prefill" : "activations pre-converted",
+                variant == kSm90Bf16Prefill ? "(M + N)·K·2" : "M·K·2", static_cast<long long>(sm90::kPreAMaxBytes),
+                plan.bm, plan.split, epilogue, static_cast<long long>(a.m));
   const bool prefill =
       variant == kSm90Bf16Prefill || (variant == kSm90AutoVariant && prefill_ok && sm90::prefer_prefill(a.m));
   const bool pre_a = variant == kSm90Bf16DequantPreA || (variant == kSm90AutoVariant && pre_a_ok && !prefill);

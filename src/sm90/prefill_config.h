@@ -37,6 +37,7 @@ constexpr int kSmemBytes = kBarOff + 8 * kBarriers + kSwizzleAtom;  // + the ali
 static_assert(kSmemBytes <= kSmemLimit, "shared memory budget: 5 stages of 32 KiB + the 64 KiB hand-off");
 static_assert(kABytes % kSwizzleAtom == 0 && kBBytes % kSwizzleAtom == 0, "tiles 1024-B aligned");
 static_assert(kBK * 2 == kSwizzleBytes, "one swizzle row of bf16 per tile row and stage");
+static_assert(kABytes == kBM * kSwizzleBytes && kBBytes == kBN * kSwizzleBytes, "produce_bf16's stage strides");
 static_assert(kBM * kBK * 2 / kCons % kSwizzleAtom == 0, "each consumer's 64 rows start on a swizzle atom");
 
 // Registers: 512 threads get 128 each at launch (65536 / 512); wgmma

@@ -27,28 +27,6 @@ namespace {
 
 namespace pf = prefill;
 
-// The producer: stage s of tile (mb, head) = K 64s .. 64s + 63 of the x̂ rows
-// 128mb .. and of the ŵ rows 128·head .. (as bytes: column 128s).
-__device__ __forceinline__ void produce_prefill(const KernelParams& p, const CUtensorMap* tmap_xbf,
-                                                const CUtensorMap* tmap_wbf, uint32_t base, uint32_t full0,
-                                                uint32_t empty0) {
-  PipeState<pf::kStages> st;
-  const int n_bf = 2 * p.k_stages;
-  for (int t = blockIdx.x; t < p.num_tiles; t += gridDim.x) {
-    const Tile tl = tile_of(p, t);
-    for (int s = 0; s < n_bf; ++s) {
-      const uint32_t full = full0 + 8 * st.idx;
-      ptx::mbarrier_wait(empty0 + 8 * st.idx, st.phase ^ 1u);
-      ptx::mbarrier_arrive_expect_tx(full, pf::kStageBytes);
-      ptx::cp_async_bulk_tensor_2d(base + pf::kAOff + st.idx * pf::kABytes, tmap_xbf, s * kSwizzleBytes,
-                                   tl.mb * pf::kBM, full);
-      ptx::cp_async_bulk_tensor_2d(base + pf::kBOff + st.idx * pf::kBBytes, tmap_wbf, s * kSwizzleBytes,
-                                   tl.head * kBN, full);
-      st.advance();
-    }
-  }
-}
-
 __global__ void __launch_bounds__(pf::kThreads, 1)
     fused_prefill_kernel(const __grid_constant__ CUtensorMap tmap_xbf, const __grid_constant__ CUtensorMap tmap_wbf,
                          const __grid_constant__ KernelParams p) {
@@ -89,7 +67,8 @@ __global__ void __launch_bounds__(pf::kThreads, 1)
     ptx::setmaxnreg_dec<pf::kProducerRegs>();
     if (warp == 0 && ptx::elect_sync()) {
       trace_event(p, kTrProducerStart);
-      produce_prefill(p, &tmap_xbf, &tmap_wbf, base, full0, empty0);
+      produce_bf16<pf::kBM, pf::kStages>(p, work_of<false>(p, 0), &tmap_xbf, &tmap_wbf, base + pf::kAOff,
+                                          base + pf::kBOff, full0, empty0);
     }
     griddepcontrol_launch_dependents();
   } else if (wg <= pf::kCons) {

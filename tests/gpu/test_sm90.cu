@@ -132,6 +132,21 @@ Sm90Run pre_a_run(int variant = m3qkv::kSm90Bf16DequantPreA) {
 // The prefill kernel (both operands pre-converted, epilogue warpgroup): the same plans.
 Sm90Run prefill_run() { return pre_a_run(m3qkv::kSm90Bf16Prefill); }
 
+// A problem's inputs and (salt-0 poisoned) outputs on the device, its args
+// and the current device: the set-up of the tests that only look at statuses.
+struct OnDevice {
+  DeviceInputs in;
+  DeviceOutputs d;
+  m3qkv_fused_args a{};
+  m3qkv::DeviceInfo dev;
+  void init(const Problem& p) {
+    CUDA_OK(in.upload(p));
+    CUDA_OK(d.init(p, 0));
+    a = p.args_with(in.mapper(), d.ptrs());
+    M3QKV_OK(m3qkv::current_device_info(&dev));
+  }
+};
+
 // Runs sm90_fused_variant once on fresh poisoned outputs (salt) and fetches them.
 void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int salt, Fetched* out,
               std::vector<float>* acc) {
@@ -310,13 +325,10 @@ TEST(Sm90Shapes, PrefillInstanceRefusedWhereItDoesNotApply) {
   M3QKV_REQUIRE_SM90();
   print_seed_once();
   const Problem p = make_problem(config(kTP4, 64, 256, /*exact=*/true));
-  DeviceInputs in;
-  CUDA_OK(in.upload(p));
-  DeviceOutputs d;
-  CUDA_OK(d.init(p, 0));
-  m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
-  m3qkv::DeviceInfo dev;
-  M3QKV_OK(m3qkv::current_device_info(&dev));
+  OnDevice od;
+  ASSERT_NO_FATAL_FAILURE(od.init(p));
+  const m3qkv_fused_args& a = od.a;
+  const m3qkv::DeviceInfo& dev = od.dev;
   const int v = m3qkv::kSm90Bf16DequantPreA, regs = m3qkv::kSm90EpilogueRegisters;
   EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 64, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 0, regs, 0), M3QKV_ERROR_INVALID_ARGUMENT);  // auto: 64 rows
@@ -367,13 +379,10 @@ TEST(Sm90Shapes, SplitKRefusedWhereItDoesNotApply) {
   print_seed_once();
   for (int64_t m : {64, 2048}) {
     const Problem p = make_problem(config(kTP8, m, 256, /*exact=*/true));
-    DeviceInputs in;
-    CUDA_OK(in.upload(p));
-    DeviceOutputs d;
-    CUDA_OK(d.init(p, 0));
-    m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
-    m3qkv::DeviceInfo dev;
-    M3QKV_OK(m3qkv::current_device_info(&dev));
+    OnDevice od;
+    ASSERT_NO_FATAL_FAILURE(od.init(p));
+    const m3qkv_fused_args& a = od.a;
+    const m3qkv::DeviceInfo& dev = od.dev;
     const int bm = m == 64 ? 128 : 0;  // TP8 M 2048: 192 tiles of 128 rows, automatic block_m is 128
     EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, m3qkv::kSm90Bf16Dequant, bm, m3qkv::kSm90EpilogueRegisters, 2),
               M3QKV_ERROR_INVALID_ARGUMENT)
