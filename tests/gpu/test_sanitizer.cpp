@@ -57,6 +57,33 @@ TEST(GpuSanitizer, FusedTP8M129) {
   }
 }
 
+// The SM90 prefill paths (M >= 512: activations, then also weights converted
+// into the stream workspace; the prefill kernel's epilogue warpgroup and its
+// shared-memory hand-off) through the automatic choice: TP8 M = 1024 K = 256
+// (96 tiles of 128 rows: one tile per CTA, the hand-off buffers used once)
+// and M = 1024 with a grid of 8 (every CTA walks 12 tiles: both hand-off
+// buffers and the stage ring wrap). Other backends run the same problem.
+TEST(GpuSanitizer, FusedPrefillTP8M1024) {
+  M3QKV_REQUIRE_GPU();
+  ProblemConfig c = sanitizer_config();
+  c.m = 1024;
+  const Problem p = m3qkv_test::make_problem(c);
+  const auto acc = m3qkv::golden::mxfp8_acc(p.xq.data(), p.xsf.data(), p.wq.data(), p.wsf.data(), p.m, p.n(), p.k);
+  DeviceInputs in;
+  CUDA_OK(in.upload(p));
+  for (int grid : {0, 8}) {
+    FusedRun run;
+    run.backend = M3QKV_BACKEND_NONE;  // automatic: the SM90 prefill kernel on the H200
+    run.grid = grid;
+    run.use_pdl = 1;
+    Fetched got;
+    ASSERT_NO_FATAL_FAILURE(run_fused(p, in, run, 0, &got));
+    HostOutputs want = poisoned_host_outputs(p, 0);
+    golden_epilogue(p, acc.data(), &want);
+    expect_same_outputs(p, want, got, "sanitizer prefill grid " + std::to_string(grid));
+  }
+}
+
 TEST(GpuSanitizer, UnfusedTP8M129) {
   M3QKV_REQUIRE_GPU();
   const Problem p = m3qkv_test::make_problem(sanitizer_config());
