@@ -29,8 +29,9 @@
 // vendor GEMM, then a separate norm/RoPE/cache-insert pass over the bf16
 // projection. Only at TP4 and M ∈ {1, 64, 512, 4096} (they are slow and exist
 // for the performance log): fused_portable (portable backend forced, when it
-// is not the automatic one) and sm90_{A_bf16dq,B_fp8promo}_{staged,regs} (the
-// two SM90 mainloops × two epilogues). First of all, peak_bf16 / peak_fp8:
+// is not the automatic one). At every TP from M = 512: sm90_A_regs /
+// sm90_A_preA / sm90_prefill (the three SM90 tile instances on the same
+// 128-row plan). First of all, peak_bf16 / peak_fp8:
 // cuBLAS(Lt) 8192³ GEMMs (warm L2, compute-bound) whose TFLOP/s are the peak
 // the "≥ 75 % of the bf16 tensor peak" target is measured against, taken in
 // the same run as the rest. Run order: peaks, then TP4, TP2, TP1, TP8, each
@@ -827,9 +828,8 @@ void bench_insert(benchmark::State& state, int fmt) {
 }
 
 #if M3QKV_WITH_SM90
-// The SM90 kernel with an explicit mainloop variant and epilogue (issue 4:
-// measure both MX mainloops side by side before choosing).
-void bench_sm90_variant(benchmark::State& state, int variant, int epilogue, int block_m = 0) {
+// An SM90 tile-kernel instance forced (sm90_fused_variant), on a given tile height.
+void bench_sm90_variant(benchmark::State& state, int variant, int block_m) {
   const Heads& h = arg_heads(state);
   const int64_t m = state.range(1);
   M3Sets* s = m3_sets(h, m);
@@ -841,12 +841,12 @@ void bench_sm90_variant(benchmark::State& state, int variant, int epilogue, int 
   }
   timed_loop(state, int(s->sets.size()), fused_bytes(h, m), flops(h, m), 0.0, [&](int i) {
     return m3err(
-        m3qkv::sm90_fused_variant(s->sets[size_t(i)].fused, info, nullptr, dev().stream, variant, block_m, epilogue));
+        m3qkv::sm90_fused_variant(s->sets[size_t(i)].fused, info, nullptr, dev().stream, variant, block_m, 0));
   });
 }
 
 // The SM90 decode kernel with the plan's split, and the tile kernel (variant A,
-// register epilogue, its own split-K) at the same M: the crossover between the
+// its own split-K) at the same M: the crossover between the
 // two paths (sm90_fused routes by sm90::decode_preferred, read off these).
 void bench_sm90_path(benchmark::State& state, bool decode) {
   const Heads& h = arg_heads(state);
@@ -861,8 +861,7 @@ void bench_sm90_path(benchmark::State& state, bool decode) {
   timed_loop(state, int(s->sets.size()), fused_bytes(h, m), flops(h, m), 0.0, [&](int i) {
     const m3qkv_fused_args& a = s->sets[size_t(i)].fused;
     return m3err(decode ? m3qkv::sm90_fused_decode(a, info, nullptr, dev().stream, 0)
-                        : m3qkv::sm90_fused_variant(a, info, nullptr, dev().stream, m3qkv::kSm90Bf16Dequant, 0,
-                                                    m3qkv::kSm90EpilogueRegisters, 0));
+                        : m3qkv::sm90_fused_variant(a, info, nullptr, dev().stream, m3qkv::kSm90Bf16Dequant, 0, 0));
   });
 }
 #endif
@@ -1263,13 +1262,13 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
       // (below the automatic plan's 128-row threshold too: the routing rule is read off these).
       if (sm90_variants && m >= 512) {
         add("sm90_A_regs", h, m, [](benchmark::State& st) {
-          bench_sm90_variant(st, m3qkv::kSm90Bf16Dequant, m3qkv::kSm90EpilogueRegisters, 128);
+          bench_sm90_variant(st, m3qkv::kSm90Bf16Dequant, 128);
         });
         add("sm90_A_preA", h, m, [](benchmark::State& st) {
-          bench_sm90_variant(st, m3qkv::kSm90Bf16DequantPreA, m3qkv::kSm90EpilogueRegisters, 128);
+          bench_sm90_variant(st, m3qkv::kSm90Bf16DequantPreA, 128);
         });
         add("sm90_prefill", h, m, [](benchmark::State& st) {
-          bench_sm90_variant(st, m3qkv::kSm90Bf16Prefill, m3qkv::kSm90EpilogueRegisters, 128);
+          bench_sm90_variant(st, m3qkv::kSm90Bf16Prefill, 128);
         });
       }
 #endif
@@ -1277,13 +1276,7 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
         continue;
       if (autok != M3QKV_BACKEND_PORTABLE)
         add("fused_portable", h, m, [](benchmark::State& st) { bench_fused(st, M3QKV_BACKEND_PORTABLE); });
-#if M3QKV_WITH_SM90
-      if (sm90_variants)
-        for (int v = 0; v < 2; ++v)
-          for (int ep = 0; ep < 2; ++ep)
-            add(std::string("sm90_") + (v == 0 ? "A_bf16dq" : "B_fp8promo") + (ep == 0 ? "_staged" : "_regs"), h, m,
-                [v, ep](benchmark::State& st) { bench_sm90_variant(st, v, ep); });
-#else
+#if !M3QKV_WITH_SM90
       (void)sm90_variants;
 #endif
     }

@@ -162,10 +162,10 @@ else
 fi
 
 # --- SM90 rules ---
-# Kernels of src/sm90 (engineer SM90), each instantiated for 1 and 2 consumer
-# warpgroups (BM = 64 / 128):
-#   fused_bf16dq_kernel    variant A, bf16 wgmma m64n128k16 -> HGMMA.64x128x16.F32.BF16
-#   fused_fp8promo_kernel  variant B, fp8 wgmma m64n128k32  -> QGMMA.64x128x32.F32.E4M3.E4M3
+# Kernels of src/sm90 (engineer SM90):
+#   fused_bf16dq_kernel    variant A (BM = 64 / 128, split-K, the pre-converted-
+#                          activations instance), bf16 wgmma m64n128k16 -> HGMMA.64x128x16.F32.BF16
+#   fused_prefill_kernel   the prefill kernel (prefill_sm90.cu), the same wgmma
 #   m3qkv_sm90_decode_kernel  decode (decode_sm90.cu), NT = 16/32/64/128: bf16
 #                          wgmma m64nNTk16 with A from registers -> HGMMA.64xNTx16.F32.BF16
 #                          (8 per 128-K stage: 2 unrolled 64-K steps of 4)
@@ -176,7 +176,7 @@ fi
 if [[ -z "${HAS_ARCH[sm_90a]:-}" ]]; then
   skip "sm90 kernels" "90a not in M3QKV_CUDA_ARCHS=$CONFIGURED (SM90 path not built)"
 else
-  for k in fused_bf16dq_kernel fused_fp8promo_kernel m3qkv_sm90_decode_kernel; do
+  for k in fused_bf16dq_kernel fused_prefill_kernel m3qkv_sm90_decode_kernel; do
     if ! source_defines "$k" "${SM90_SRCS[@]}"; then
       skip "sm90: $k" "no source in src/sm90 names $k"
       continue
@@ -184,8 +184,7 @@ else
     rules=(--rule "present@sm_90a:*${k}*" --rule "no-local@sm_90a:*${k}*"
            --rule "min@sm_90a:*${k}*:USETMAXREG:2")
     case $k in
-      *bf16dq* | *decode*) rules+=(--rule "min@sm_90a:*${k}*:HGMMA:4" --rule "max@sm_90a:*${k}*:QGMMA|HMMA:0") ;;
-      *fp8promo*) rules+=(--rule "min@sm_90a:*${k}*:QGMMA:4" --rule "max@sm_90a:*${k}*:HGMMA|HMMA:0") ;;
+      *) rules+=(--rule "min@sm_90a:*${k}*:HGMMA:4" --rule "max@sm_90a:*${k}*:QGMMA|HMMA:0") ;;
     esac
     check "sm90: $k (sm_90a)" "${rules[@]}"
   done

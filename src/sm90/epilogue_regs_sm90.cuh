@@ -69,33 +69,22 @@ __device__ __forceinline__ void epilogue_block_handoff(const KernelParams& p, co
   epilogue_block_frag(p, [&](int i) { return buf[i * kWarpgroup + t]; }, tl, row_base, 3u);
 }
 
-// The end of one tile in a consumer warpgroup, for both kernels: split-K
-// reduction (spread over the cluster with the register epilogue, to the
-// leader with the staged one, whose staging buffer is the partial buffer),
-// then the epilogue of the rows this CTA finalizes. `part` / `part_s`: this
-// CTA's partial buffer (generic / shared::cta address); `red_phase` toggles per
-// tile. Returns whether this CTA ran an epilogue for the tile.
-template <bool kSplit, bool kRegEpi>
-__device__ __forceinline__ bool finish_tile(const KernelParams& p, float (&acc)[64], const Tile& tl, int64_t row_base,
-                                            float* stg, uint32_t named_bar, uint32_t rank, float* part,
-                                            uint32_t part_s, uint32_t red_full, uint32_t red_empty,
-                                            uint32_t* red_phase, bool first_tile) {
+// The end of one tile in variant A's consumer warpgroup: the split-K
+// reduction spread over the cluster (splitk_reduce_spread, kSplit), then the
+// register epilogue of the rows this CTA finalizes. `part` / `part_s`: this
+// CTA's partial buffer (generic / shared::cta address); `red_phase` toggles
+// per tile.
+template <bool kSplit>
+__device__ __forceinline__ void finish_tile(const KernelParams& p, float (&acc)[64], const Tile& tl, int64_t row_base,
+                                            uint32_t rank, float* part, uint32_t part_s, uint32_t red_full,
+                                            uint32_t red_empty, uint32_t* red_phase, bool first_tile) {
   uint32_t hmask = 3u;
   if constexpr (kSplit) {
-    bool leader = true;
-    if constexpr (kRegEpi)
-      hmask = splitk_reduce_spread(p, acc, rank, part, part_s, red_full, red_empty, *red_phase, first_tile);
-    else
-      leader = splitk_reduce(p, acc, rank, part, part_s, red_full, red_empty, *red_phase);
+    hmask = splitk_reduce_spread(p, acc, rank, part, part_s, red_full, red_empty, *red_phase, first_tile);
     *red_phase ^= 1u;
     if (threadIdx.x % kWarpgroup == 0) trace_event(p, kTrConsReduced);  // split: one consumer warpgroup
-    if (!leader) return false;
   }
-  if constexpr (kRegEpi)
-    epilogue_block_regs(p, acc, tl, row_base, hmask);
-  else
-    epilogue_block(p, acc, tl, row_base, stg, named_bar);
-  return true;
+  epilogue_block_regs(p, acc, tl, row_base, hmask);
 }
 
 }  // namespace m3qkv::sm90

@@ -8,13 +8,13 @@
 // element on the transform warpgroup, overlapped with the wgmma of the
 // consumers.
 //
-// Warp roles (kXf transform warpgroups: 2, or 1 for BM 128 with the staged epilogue):
-//   warpgroup 0: TMA producer (one elected thread)       setmaxnreg.dec 40 (24 for BM 128, kXf 2)
-//   warpgroups 1..kXf: transform, raw e4m3 stage -> 2 bf16 stages (BK 64
-//                each); with kXf 2 each converts half of every row's chunks
-//                                                         setmaxnreg.dec 96 (56 for BM 128, kXf 2)
-//   then kCons consumers, 64 rows each                   setmaxnreg.inc 232 (BM 64) / 184 (BM 128;
-//                                                         168 with kXf 2)
+// Warp roles:
+//   warpgroup 0: TMA producer (one elected thread)       setmaxnreg.dec 40 (24 for BM 128)
+//   warpgroups 1, 2: transform, raw e4m3 stage -> 2 bf16 stages (BK 64
+//                each); each converts half of every row's chunks
+//                                                         setmaxnreg.dec 96 (56 for BM 128)
+//   then kCons consumers, 64 rows each, the register     setmaxnreg.inc 232 (BM 64) / 168 (BM 128)
+//                epilogue on the fragment (epilogue_regs_sm90.cuh)
 // Barriers: raw_full[s] (1 arrival + tx), raw_empty[s] (every transform thread),
 //           bf_full[s] (every transform thread), bf_empty[s] (one arrival per consumer warp).
 // Layouts: raw tiles are TMA 128-B swizzled (row r, 16-B chunk c at r·128 +
@@ -22,7 +22,7 @@
 // the K-major layout wgmma's descriptor describes (ptx/wgmma.cuh).
 //
 // kPreA (prefill, docs/sm90.md "Prefill step 1"): the activations were
-// converted once per call by dequant_x_kernel below into a bf16 copy x̂
+// converted once per call by dequant_mx_kernel below into a bf16 copy x̂
 // [M][K] (the stream workspace), so the A side needs no transform: a second
 // producer thread (warp 1) loads x̂ tiles by TMA with the 128-B swizzle
 // straight into the bf16 stages — the very bytes the transform would have
@@ -40,14 +40,13 @@ namespace {
 
 constexpr int kBKbf = 64;  // bf16 stage K: one 128-byte swizzle row of bf16 per tile row
 
-template <int kCons, bool kRegEpi, bool kSplit, bool kPreA = false>
+template <int kCons, bool kSplit, bool kPreA = false>
 struct Bf16DqCfg {
   static constexpr int kBM = kRowsPerWg * kCons;
   // Transform warpgroups: 2 (each thread converts half of a row's chunks: two
   // warps per sub-partition hide each other's latency; the transform bounds
-  // A's stage time), except BM 128 with the staged epilogue: its consumers
-  // spill below 184 registers, and a fifth warpgroup leaves them 176.
-  static constexpr int kXf = kCons == 2 && !kRegEpi ? 1 : 2;
+  // A's stage time).
+  static constexpr int kXf = 2;
   static constexpr int kThreads = kWarpgroup * (1 + kXf + kCons);
   // raw (TMA) stages; kPreA: the weights' tile and scale chunk only
   static constexpr int kABytes = kPreA ? 0 : kBM * kBK;
@@ -58,20 +57,16 @@ struct Bf16DqCfg {
   static constexpr int kAbfBytes = kBM * kBKbf * 2;
   static constexpr int kBbfBytes = kBN * kBKbf * 2;
   static constexpr int kBfStageBytes = kAbfBytes + kBbfBytes;
-  // Split-K (kCons 1): ranks 1.. keep their partial block here, the leader its
-  // staging buffer: the two never coexist in one CTA, so they share the space.
-  static constexpr int kStagingBytes0 = kRegEpi ? 0 : kCons * kRowsPerWg * kStageStride * 4;
-  static constexpr int kStagingBytes = kSplit && kStagingBytes0 < kPartBytes ? kPartBytes : kStagingBytes0;
+  // Split-K (kCons 1): each rank's partial block, read by the other ranks.
+  static constexpr int kStagingBytes = kSplit ? kPartBytes : 0;
   static constexpr int kReserve = kSwizzleAtom + 256;
-  // Picked to fill the budget (static_assert below); the staged epilogue's
-  // [64][129] f32 buffers cost about one raw + one bf16 stage per consumer.
-  //                     staged          register epilogue
-  //   BM 128 (kCons 2)  raw 2, bf16 2   raw 3, bf16 3
-  //   BM 64  (kCons 1)  raw 3, bf16 4   raw 4, bf16 5
-  //   BM 64, split-K    raw 3, bf16 4   raw 3, bf16 4   (+ the 32 KiB partial block)
-  //   BM 128, kPreA     -               raw 3, bf16 5   (a raw stage is the B half only: 16.5 KiB)
-  static constexpr int kRawStages = kCons == 2 ? (kRegEpi ? 3 : 2) : (kRegEpi && !kSplit ? 4 : 3);
-  static constexpr int kBfStages = kPreA ? 5 : kCons == 2 ? (kRegEpi ? 3 : 2) : (kRegEpi && !kSplit ? 5 : 4);
+  // Picked to fill the budget (static_assert below):
+  //   BM 128 (kCons 2)  raw 3, bf16 3
+  //   BM 64  (kCons 1)  raw 4, bf16 5
+  //   BM 64, split-K    raw 3, bf16 4   (+ the 32 KiB partial block)
+  //   BM 128, kPreA     raw 3, bf16 5   (a raw stage is the B half only: 16.5 KiB)
+  static constexpr int kRawStages = kCons == 2 ? 3 : (!kSplit ? 4 : 3);
+  static constexpr int kBfStages = kPreA ? 5 : kCons == 2 ? 3 : (!kSplit ? 5 : 4);
   static constexpr int kAOff = 0;
   static constexpr int kBOff = kAOff + kRawStages * kABytes;
   static constexpr int kAbfOff = kBOff + kRawStages * kBBytes;
@@ -85,16 +80,17 @@ struct Bf16DqCfg {
   // BM 128 with 2 transform warpgroups: 640 threads get 96 registers each at
   // launch (65536 / 640 rounded down to the allocation granule of 8), so
   // 24 + 2·56 + 2·168 <= 5·96.
-  static constexpr bool kTight = kCons == 2 && kXf == 2;
+  // BM 64: 512 threads get 128, so 40 + 2·96 + 232 <= 4·128.
+  static constexpr bool kTight = kCons == 2;
   static constexpr int kProducerRegs = kTight ? 24 : 40;
   static constexpr int kTransformRegs = kTight ? 56 : 96;
-  static constexpr int kConsumerRegs = kTight ? 168 : (kCons == 2 ? 184 : 232);
+  static constexpr int kConsumerRegs = kTight ? 168 : 232;
 
   static_assert(kRawStages * kRawStageBytes + kBfStages * kBfStageBytes + kStagingBytes + kReserve <= kSmemLimit,
                 "shared memory budget");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget");
   static_assert(!kSplit || kCons == 1, "split-K: one consumer warpgroup");
-  static_assert(!kPreA || (kCons == 2 && kRegEpi && !kSplit), "kPreA: the one prefill instance (BM 128, registers)");
+  static_assert(!kPreA || (kCons == 2 && !kSplit), "kPreA: the one prefill instance (BM 128, no split-K)");
   // bf_full: every transform thread, plus the A producer's arrive.expect_tx.
   static constexpr int kBfFullArrivals = kXf * kWarpgroup + (kPreA ? 1 : 0);
   static_assert(kABytes % kSwizzleAtom == 0 && kAbfBytes % kSwizzleAtom == 0 && kBbfBytes % kSwizzleAtom == 0,
@@ -158,13 +154,13 @@ __device__ __forceinline__ void zero_row_half(uint8_t* bf_tile, int r, int x) {
   }
 }
 
-template <int kCons, bool kRegEpi, bool kSplit, bool kPreA>
-__global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLaunchBound, 1)
+template <int kCons, bool kSplit, bool kPreA>
+__global__ void __launch_bounds__(Bf16DqCfg<kCons, kSplit, kPreA>::kLaunchBound, 1)
     fused_bf16dq_kernel(const __grid_constant__ CUtensorMap tmap_x, const __grid_constant__ CUtensorMap tmap_w,
                         const __grid_constant__ KernelParams p) {
 #if defined(__CUDA_ARCH__) && M3QKV_HAS_WGMMA
   // tmap_x: the e4m3 activations, or (kPreA) their bf16 copy x̂ as bytes.
-  using C = Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>;
+  using C = Bf16DqCfg<kCons, kSplit, kPreA>;
   constexpr int kBM = C::kBM;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = ptx::smem_u32(smem_raw);
@@ -193,10 +189,9 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLau
       ptx::mbarrier_init(bf_empty0 + 8 * s, 4 * kCons);
     }
     if (kSplit) {
+      // Every other rank writes to and reads this CTA's partial (splitk_reduce_spread).
       ptx::mbarrier_init(red_full, (p.split - 1) * kWarpgroup);
-      // Register epilogue: every other rank reads this CTA's partial (splitk_reduce_spread);
-      // staged epilogue: only the leader does (splitk_reduce).
-      ptx::mbarrier_init(red_empty, (kRegEpi ? p.split - 1 : 1) * kWarpgroup);
+      ptx::mbarrier_init(red_empty, (p.split - 1) * kWarpgroup);
     }
     ptx::fence_mbarrier_init_release_cluster();
   }
@@ -279,7 +274,6 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLau
     ptx::setmaxnreg_inc<C::kConsumerRegs>();
     const int cw = wg - 1 - C::kXf;
     const bool cons_t0 = threadIdx.x == (1 + C::kXf) * kWarpgroup;  // first consumer thread
-    float* stg = reinterpret_cast<float*>(gbase + C::kStgOff) + cw * kRowsPerWg * kStageStride;
     PipeState<C::kBfStages> bs;
     float acc[64];
     uint32_t red_phase = 0;
@@ -291,11 +285,9 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLau
                                   cons_t0 && ti == wk.first);
       if (cons_t0) trace_event(p, kTrConsMainDone);
       const int64_t row_base = static_cast<int64_t>(tl.mb) * kBM + kRowsPerWg * cw;
-      if (finish_tile<kSplit, kRegEpi>(p, acc, tl, row_base, stg, 1 + cw, rank,
-                                       reinterpret_cast<float*>(gbase + C::kStgOff), base + C::kStgOff, red_full,
-                                       red_empty, &red_phase, ti == wk.first) &&
-          cons_t0)
-        trace_event(p, kTrConsEpiDone);
+      finish_tile<kSplit>(p, acc, tl, row_base, rank, reinterpret_cast<float*>(gbase + C::kStgOff), base + C::kStgOff,
+                          red_full, red_empty, &red_phase, ti == wk.first);
+      if (cons_t0) trace_event(p, kTrConsEpiDone);
     }
   }
   splitk_exit_sync<kSplit>();
@@ -303,20 +295,31 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kRegEpi, kSplit, kPreA>::kLau
 #endif
 }
 
-// The host entry points, through the shared family helpers of kernel_sm90.cuh.
-struct Bf16DqFamily {
-  static constexpr const char* kName = "fused_bf16dq_kernel";
-  template <int kCons, bool kRegEpi, bool kSplit>
-  using Cfg = Bf16DqCfg<kCons, kRegEpi, kSplit>;
-  template <int kCons, bool kRegEpi, bool kSplit>
-  static auto kernel() {
-    return &fused_bf16dq_kernel<kCons, kRegEpi, kSplit, false>;
-  }
-};
+// The instances the launcher picks: BM 64 or 128, BM 64 with split-K, and the
+// prefill instance (BM 128, x̂ by TMA).
+template <int kCons, bool kSplit, bool kPreA = false>
+constexpr auto kKernel = &fused_bf16dq_kernel<kCons, kSplit, kPreA>;
+using PreACfg = Bf16DqCfg<2, false, true>;
+constexpr auto kPreAKernel = kKernel<2, false, true>;
 
-// The prefill instance: BM 128, register epilogue, no split-K, x̂ by TMA.
-using PreACfg = Bf16DqCfg<2, true, false, true>;
-constexpr auto kPreAKernel = &fused_bf16dq_kernel<2, true, false, true>;
+template <int kCons, bool kSplit>
+m3qkv_status launch_one(const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p, int grid, bool pdl,
+                        cudaStream_t stream) {
+  using C = Bf16DqCfg<kCons, kSplit>;
+  host::LaunchShape s;
+  s.grid = static_cast<unsigned>(grid);
+  s.threads = C::kThreads;
+  s.smem = C::kSmemBytes;
+  s.pdl = pdl;
+  s.cluster = kSplit ? static_cast<unsigned>(p.split) : 0u;
+  return host::launch("m3qkv_fused_qkv", "fused_bf16dq_kernel", kKernel<kCons, kSplit>, s, stream, tx, tw, p);
+}
+
+template <int kCons, bool kSplit, bool kPreA = false>
+cudaError_t set_smem() {
+  return cudaFuncSetAttribute(kKernel<kCons, kSplit, kPreA>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              Bf16DqCfg<kCons, kSplit, kPreA>::kSmemBytes);
+}
 
 // MX operands dequantized to bf16, row-major [rows][K] (the activations x̂
 // and, for the prefill kernel, the weights ŵ: both F8_128x4-scaled e4m3 of
@@ -351,15 +354,19 @@ __global__ void __launch_bounds__(256) dequant_mx_kernel(const DequantJob a, con
 
 }  // namespace
 
-m3qkv_status launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
-                           const KernelParams& p, int grid, bool pdl, cudaStream_t stream) {
-  return family_launch<Bf16DqFamily>(cons, reg_epi, tmap_x, tmap_w, p, grid, pdl, stream);
+m3qkv_status launch_bf16dq(int cons, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w, const KernelParams& p,
+                           int grid, bool pdl, cudaStream_t stream) {
+  if (p.split > 1) return launch_one<1, true>(tmap_x, tmap_w, p, grid, pdl, stream);
+  return cons == 1 ? launch_one<1, false>(tmap_x, tmap_w, p, grid, pdl, stream)
+                   : launch_one<2, false>(tmap_x, tmap_w, p, grid, pdl, stream);
 }
 
 cudaError_t prepare_bf16dq() {
-  const cudaError_t e = family_prepare<Bf16DqFamily>();
-  if (e != cudaSuccess) return e;
-  return cudaFuncSetAttribute(kPreAKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, PreACfg::kSmemBytes);
+  cudaError_t e = set_smem<1, false>();
+  if (e == cudaSuccess) e = set_smem<2, false>();
+  if (e == cudaSuccess) e = set_smem<1, true>();
+  if (e == cudaSuccess) e = set_smem<2, false, true>();
+  return e;
 }
 
 m3qkv_status launch_dequant_mx(const DequantJob& a, const DequantJob& b, int64_t k, int grid, bool pdl,
@@ -387,6 +394,9 @@ m3qkv_status launch_bf16dq_pre_a(const uint8_t* xq, const uint8_t* xsf, void* xb
   return host::launch("m3qkv_fused_qkv", "fused_bf16dq_kernel<pre_a>", kPreAKernel, s, stream, tmap_xbf, tmap_w, p);
 }
 
-int max_clusters_bf16dq(bool reg_epi, int split) { return family_max_clusters<Bf16DqFamily>(reg_epi, split); }
+int max_clusters_bf16dq(int split) {
+  using C = Bf16DqCfg<1, true>;
+  return host::max_active_clusters(kKernel<1, true>, C::kThreads, C::kSmemBytes, static_cast<unsigned>(split));
+}
 
 }  // namespace m3qkv::sm90

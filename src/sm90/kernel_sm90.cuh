@@ -1,7 +1,7 @@
-// Pieces shared by the two SM90 mainloop variants (one kernel per file:
-// fused_fp8promo_sm90.cu, fused_bf16dq_sm90.cu): kernel parameters, the
-// persistent tile order, the TMA producer, pipeline bookkeeping and the
-// epilogue hand-off to src/common/epilogue.cuh.
+// Pieces shared by the SM90 tile kernels (fused_bf16dq_sm90.cu: variant A and
+// its pre-converted-activations instance; prefill_sm90.cu): kernel
+// parameters, the persistent tile order, the TMA producers, the bf16
+// mainloop, pipeline bookkeeping and the split-K reduction.
 //
 // Tile: BM = 64·kCons rows (kCons consumer warpgroups of 64 rows each) × one
 // 128-column head; K is walked in TMA stages of BK = 128 (one 128-byte swizzle
@@ -41,9 +41,6 @@ constexpr int kSwizzleAtom = 1024;          // 8 rows x 128 B
 constexpr int kSfChunk = 512;               // F8_128x4: 128 rows x 4 scale columns (= BK) contiguous
 constexpr int kRowsPerWg = 64;              // wgmma M
 constexpr int kSmemLimit = 232448;          // sm_90 opt-in dynamic shared memory per block (227 KiB)
-constexpr int kStageStride = kHeadDim + 1;  // epilogue staging row stride in floats: odd, so the
-                                            // one-thread-per-row reads of epilogue_head_row are
-                                            // bank-conflict free
 static_assert(kBK == kSwizzleBytes, "one swizzle row of e4m3 per tile row and stage");
 static_assert(kBK == 4 * kMxBlock, "one F8_128x4 chunk (4 scale columns) per stage");
 
@@ -255,52 +252,17 @@ __device__ __forceinline__ void mainloop_bf16(float (&acc)[64], PipeState<kBfSta
   if (l == 0) ptx::mbarrier_arrive(empty0 + 8 * prev);
 }
 
-// Split-K reduction of one consumer warpgroup's 64 x 128 block to the leader
-// (kSplit kernels with the staged epilogue, one consumer warpgroup; the
-// register-epilogue instances use splitk_reduce_spread below). Every CTA holds the partial
-// sum of its K range in `acc`. Ranks 1.. store theirs in their own shared
-// buffer `part` ([64 registers][128 threads] f32: conflict-free) and arrive
-// (release.cluster, every thread) on the leader's `red_full`; the leader
-// (rank 0) waits (acquire.cluster), reads the buffers through DSMEM and adds
-// them in the FIXED order rank 1, 2, ..., split-1 (acc = ((acc0 + p1) + p2) ...),
-// so the result is deterministic; then it arrives on every rank's `red_empty`,
-// which a rank waits for before it may reuse (or, after its last tile, leave)
-// its buffer. Returns whether this CTA runs the epilogue (the leader).
-// `phase` = parity of this tile's reduction (tiles walked so far by this CTA, mod 2).
-__device__ __forceinline__ bool splitk_reduce(const KernelParams& p, float (&acc)[64], uint32_t rank, float* part,
-                                              uint32_t part_s, uint32_t red_full, uint32_t red_empty, uint32_t phase) {
-  const int t = threadIdx.x % kWarpgroup;
-  if (rank != 0) {
-#pragma unroll
-    for (int i = 0; i < 64; ++i) part[i * kWarpgroup + t] = acc[i];
-    ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_full, 0));
-    ptx::mbarrier_wait_cluster(red_empty, phase);
-    return false;
-  }
-  ptx::mbarrier_wait_cluster(red_full, phase);
-  for (int r = 1; r < p.split; ++r) {
-    const uint32_t src = ptx::mapa_shared_cluster(part_s, static_cast<uint32_t>(r)) + 4u * static_cast<uint32_t>(t);
-    float v[64];
-#pragma unroll
-    for (int i = 0; i < 64; ++i) v[i] = ptx::ld_shared_cluster_f32(src + 4u * kWarpgroup * i);
-#pragma unroll
-    for (int i = 0; i < 64; ++i) acc[i] = acc[i] + v[i];
-  }
-  for (int r = 1; r < p.split; ++r) ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_empty, r));
-  return true;
-}
 constexpr int kPartBytes = kRowsPerWg * kBN * 4;  // one warpgroup's partial block
-// Split-K reduction spread over the cluster (register epilogue instances).
-// The 64 x 128 block is 8 row groups g = 2w + h (warp w of the consumer
-// warpgroup, fragment half h: rows 16w + 8h .. +7); CTA rank g % split
-// finalizes group g: it adds the partials of ALL ranks for that group in the
-// fixed order rank 0, 1, ..., split-1 — the same expression ((p0 + p1) + p2)...
-// as splitk_reduce, so the sums are bit-identical — and runs the epilogue on
-// those rows. Every warp owns at most one half (split >= 2), so each thread
-// pulls and finalizes at most 32 values instead of the leader's 64 per rank,
-// and the epilogue runs on `split` CTAs instead of one (the H200 timeline:
-// 5.8 µs of serial pulls and 5-15 µs of single-warpgroup epilogue per tile at
-// split 5).
+// Split-K reduction spread over the cluster (variant A's split-K instance).
+// Every CTA holds the partial sum of its K range in `acc`. The 64 x 128 block
+// is 8 row groups g = 2w + h (warp w of the consumer warpgroup, fragment half
+// h: rows 16w + 8h .. +7); CTA rank g % split finalizes group g: it adds the
+// partials of ALL ranks for that group in the fixed order rank 0, 1, ...,
+// split-1 (((p0 + p1) + p2) ...: deterministic) and runs the epilogue on those
+// rows. Every warp owns at most one half (split >= 2), so each thread pulls
+// and finalizes at most 32 values, and the epilogue runs on `split` CTAs at
+// once (a leader pulling every partial took 5.8 µs of serial pulls and 5-15 µs
+// of single-warpgroup epilogue per tile at split 5 on the H200).
 // Protocol: each rank stores its partial in its own `part` (after red_empty
 // says every reader of the previous tile is done), arrives on every other
 // rank's red_full (count (split-1)·128), waits its own red_full, pulls, then
@@ -344,10 +306,9 @@ __device__ __forceinline__ uint32_t splitk_reduce_spread(const KernelParams& p, 
   return hmask;
 }
 
-
 // Split-K exit: no CTA of the cluster leaves before every CTA is done with the
-// others' shared memory. The red_empty handshake already orders the leader's
-// DSMEM reads before a rank's exit, but a CTA's shared memory may be reused by
+// others' shared memory. The red_empty handshake already orders the other
+// ranks' DSMEM reads before a rank's exit, but a CTA's shared memory may be reused by
 // a new CTA as soon as it exits, and the CUDA programming guide
 // ("Distributed Shared Memory") makes a cluster barrier before exit the rule
 // that guarantees it; compute-sanitizer racecheck checks exactly that rule.
@@ -362,118 +323,12 @@ __device__ __forceinline__ void splitk_exit_sync() {
   }
 }
 
-// Epilogue of one consumer warpgroup's 64 x 128 accumulator block.
-//
-// The accumulator fragment (ptx/wgmma.cuh) gives thread (warp w, lane l) rows
-// 16w + l/4 (+8) and columns 8j + 2(l%4) + b. The shared epilogue
-// (epi::epilogue_head_row) wants one head row per thread, so the block is
-// staged in shared memory ([64][129] f32, this warpgroup's own buffer) and
-// threads 0..63 each run the full per-row epilogue of SPEC §3 on one row.
-// (In the fragment every column of a thread has class (c >> 1) & 3 = l % 4, so
-// a register-resident RMSNorm could keep the contract order too; staging keeps
-// one implementation of the epilogue for every backend.)
-// `named_bar` is this warpgroup's named barrier id.
-__device__ __forceinline__ void epilogue_block(const KernelParams& p, float (&acc)[64], const Tile& tl,
-                                               int64_t row_base, float* stg, uint32_t named_bar) {
-  const int t = threadIdx.x % kWarpgroup;
-  const int w = t / 32, l = t % 32;
-  const int r0 = 16 * w + l / 4;
-  const int c0 = 2 * (l % 4);
-#pragma unroll
-  for (int j = 0; j < kBN / 8; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      stg[(r0 + 8 * h) * kStageStride + 8 * j + c0] = acc[4 * j + 2 * h];
-      stg[(r0 + 8 * h) * kStageStride + 8 * j + c0 + 1] = acc[4 * j + 2 * h + 1];
-    }
-  }
-  if (p.acc_tap != nullptr) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = row_base + r0 + 8 * h;
-      if (row < p.m) {
-        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(tl.head) * kBN + c0;
-#pragma unroll
-        for (int j = 0; j < kBN / 8; ++j)
-          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-      }
-    }
-  }
-  ptx::bar_sync(named_bar, kWarpgroup);
-  if (t < kRowsPerWg) {
-    const int64_t row = row_base + t;
-    if (row < p.m) epi::epilogue_head_row(p.epi, row, tl.head, stg + t * kStageStride);
-  }
-  // The buffer is rewritten by the next tile's staging.
-  ptx::bar_sync(named_bar, kWarpgroup);
-}
-
-// The host side of one kernel family (A or B), written once (the launch
-// configuration itself is host/launch.h). `Family` provides
-// `Cfg<kCons, kRegEpi, kSplit>` (threads, shared memory),
-// `kernel<kCons, kRegEpi, kSplit>()` (the __global__ function) and kName
-// (for messages). The instances the launcher can pick: split-K (one consumer warpgroup) or not, times
-// consumer warpgroups 1 or 2, times the two epilogues.
-template <class Family, int kCons, bool kRegEpi, bool kSplit>
-m3qkv_status family_launch_one(const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p, int grid, bool pdl,
-                               cudaStream_t stream) {
-  using C = typename Family::template Cfg<kCons, kRegEpi, kSplit>;
-  host::LaunchShape s;
-  s.grid = static_cast<unsigned>(grid);
-  s.threads = C::kThreads;
-  s.smem = C::kSmemBytes;
-  s.pdl = pdl;
-  s.cluster = kSplit ? static_cast<unsigned>(p.split) : 0u;
-  return host::launch("m3qkv_fused_qkv", Family::kName, Family::template kernel<kCons, kRegEpi, kSplit>(), s, stream,
-                      tx, tw, p);
-}
-template <class Family>
-m3qkv_status family_launch(int cons, bool reg_epi, const CUtensorMap& tx, const CUtensorMap& tw, const KernelParams& p,
-                           int grid, bool pdl, cudaStream_t stream) {
-  if (p.split > 1)
-    return reg_epi ? family_launch_one<Family, 1, true, true>(tx, tw, p, grid, pdl, stream)
-                   : family_launch_one<Family, 1, false, true>(tx, tw, p, grid, pdl, stream);
-  if (reg_epi)
-    return cons == 1 ? family_launch_one<Family, 1, true, false>(tx, tw, p, grid, pdl, stream)
-                     : family_launch_one<Family, 2, true, false>(tx, tw, p, grid, pdl, stream);
-  return cons == 1 ? family_launch_one<Family, 1, false, false>(tx, tw, p, grid, pdl, stream)
-                   : family_launch_one<Family, 2, false, false>(tx, tw, p, grid, pdl, stream);
-}
-template <class Family, int kCons, bool kRegEpi, bool kSplit>
-cudaError_t family_set_smem() {
-  return cudaFuncSetAttribute(Family::template kernel<kCons, kRegEpi, kSplit>(),
-                              cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Family::template Cfg<kCons, kRegEpi, kSplit>::kSmemBytes);
-}
-template <class Family>
-cudaError_t family_prepare() {
-  cudaError_t e = family_set_smem<Family, 1, false, false>();
-  if (e == cudaSuccess) e = family_set_smem<Family, 2, false, false>();
-  if (e == cudaSuccess) e = family_set_smem<Family, 1, true, false>();
-  if (e == cudaSuccess) e = family_set_smem<Family, 2, true, false>();
-  if (e == cudaSuccess) e = family_set_smem<Family, 1, false, true>();
-  if (e == cudaSuccess) e = family_set_smem<Family, 1, true, true>();
-  return e;
-}
-template <class Family>
-int family_max_clusters(bool reg_epi, int split) {
-  using CR = typename Family::template Cfg<1, true, true>;
-  using CS = typename Family::template Cfg<1, false, true>;
-  const unsigned sp = static_cast<unsigned>(split);
-  return reg_epi ? host::max_active_clusters(Family::template kernel<1, true, true>(), CR::kThreads, CR::kSmemBytes, sp)
-                 : host::max_active_clusters(Family::template kernel<1, false, true>(), CS::kThreads, CS::kSmemBytes, sp);
-}
-
 // Host entry points of the kernel files (launch_sm90.cu calls them).
-// `cons` = consumer warpgroups (1: BM = 64, 2: BM = 128); `reg_epi` = the
-// register-resident epilogue (epilogue_regs_sm90.cuh) instead of the staged one.
-// p.split > 1 selects the split-K instance (cons must be 1; grid a multiple of p.split).
-m3qkv_status launch_fp8promo(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
-                             const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
-cudaError_t prepare_fp8promo();  // cudaFuncSetAttribute (max dynamic smem) of every instance
-m3qkv_status launch_bf16dq(int cons, bool reg_epi, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
-                           const KernelParams& p, int grid, bool pdl, cudaStream_t stream);
-cudaError_t prepare_bf16dq();
+// Variant A: `cons` = consumer warpgroups (1: BM = 64, 2: BM = 128); p.split
+// > 1 selects the split-K instance (cons must be 1; grid a multiple of p.split).
+m3qkv_status launch_bf16dq(int cons, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w, const KernelParams& p,
+                           int grid, bool pdl, cudaStream_t stream);
+cudaError_t prepare_bf16dq();  // cudaFuncSetAttribute (max dynamic smem) of every instance
 // One MX operand to dequantize to bf16 (dequant_mx_kernel): e4m3 `q`
 // [rows][K], its F8_128x4 scales `sf`, the bf16 result `out` [rows][K]
 // (16-B aligned); rows = 0: nothing.
@@ -504,8 +359,7 @@ m3qkv_status launch_prefill(const DequantJob& x, const DequantJob& w, const CUte
                             const CUtensorMap& tmap_wbf, const KernelParams& p, int grid, int dequant_grid, bool pdl,
                             cudaStream_t stream);
 cudaError_t prepare_prefill();
-// cudaOccupancyMaxActiveClusters of the split-K instance with clusters of `split` CTAs (-1 on error).
-int max_clusters_fp8promo(bool reg_epi, int split);
-int max_clusters_bf16dq(bool reg_epi, int split);
+// cudaOccupancyMaxActiveClusters of variant A's split-K instance with clusters of `split` CTAs (-1 on error).
+int max_clusters_bf16dq(int split);
 
 }  // namespace m3qkv::sm90

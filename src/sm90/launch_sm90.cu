@@ -1,6 +1,7 @@
 // Host launcher of the SM90 fused kernels: one-time setup, the plan
 // (plan_sm90.h: tile shape, split-K, persistent grid), tensor maps, params.
-// The kernels are in fused_fp8promo_sm90.cu (B) and fused_bf16dq_sm90.cu (A);
+// The kernels are in fused_bf16dq_sm90.cu (variant A and its pre-converted-
+// activations instance), prefill_sm90.cu (the prefill kernel) and decode_sm90.cu;
 // docs/sm90.md has the design.
 #include <atomic>
 #include <climits>
@@ -32,43 +33,39 @@ uint64_t* g_trace = nullptr;
 int g_trace_ctas = 0;
 
 // The one-time setup of a context: every instance's shared-memory attribute
-// is set, and cudaOccupancyMaxActiveClusters of the split-K instances per
-// variant / epilogue / cluster size. An occupancy query that fails leaves -1
-// (unknown) in its entry: that call runs without split-K of that size, and
-// the next call that needs the entry asks again (max_clusters below) instead
-// of running without it for the rest of the process. Entries are mutable
-// atomics: two threads may fill the same unknown entry (with equal values).
+// is set, and cudaOccupancyMaxActiveClusters of variant A's split-K instance
+// per cluster size. An occupancy query that fails leaves -1 (unknown) in its
+// entry: that call runs without split-K of that size, and the next call that
+// needs the entry asks again (max_clusters below) instead of running without
+// it for the rest of the process. Entries are mutable atomics: two threads
+// may fill the same unknown entry (with equal values).
 struct Sm90Setup {
-  mutable std::atomic<int> max_clusters[2][2][kSm90MaxSplit + 1];
+  mutable std::atomic<int> max_clusters[kSm90MaxSplit + 1];
 };
 
-int query_max_clusters(int variant, int epilogue, int split) {
-  const int n = variant == kSm90Fp8Promote ? sm90::max_clusters_fp8promo(epilogue != 0, split)
-                                           : sm90::max_clusters_bf16dq(epilogue != 0, split);
+int query_max_clusters(int split) {
+  const int n = sm90::max_clusters_bf16dq(split);
   return n < 0 ? -1 : n;
 }
 
 m3qkv_status prepare_device(const DeviceInfo& dev, const Sm90Setup** out) {
   return host::once(kFn, dev, host::OnceSlot::kSm90, [](Sm90Setup* s) -> m3qkv_status {
-    cudaError_t e = sm90::prepare_fp8promo();
-    if (e == cudaSuccess) e = sm90::prepare_bf16dq();
+    cudaError_t e = sm90::prepare_bf16dq();
     if (e == cudaSuccess) e = sm90::prepare_prefill();
     if (e == cudaSuccess) e = sm90::decode::prepare_decode();
     if (e != cudaSuccess) return cuda_fail(kFn, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the SM90 kernels", e);
-    for (int v = 0; v < 2; ++v)
-      for (int ep = 0; ep < 2; ++ep)
-        for (int sp = 0; sp <= kSm90MaxSplit; ++sp)
-          s->max_clusters[v][ep][sp].store(sp >= 2 ? query_max_clusters(v, ep, sp) : 0, std::memory_order_relaxed);
+    for (int sp = 0; sp <= kSm90MaxSplit; ++sp)
+      s->max_clusters[sp].store(sp >= 2 ? query_max_clusters(sp) : 0, std::memory_order_relaxed);
     return M3QKV_SUCCESS;
   }, out);
 }
 
 // Resident clusters of `split` CTAs (0: not schedulable or still unknown).
-int max_clusters(const Sm90Setup& s, int variant, int epilogue, int split) {
-  std::atomic<int>& entry = s.max_clusters[variant][epilogue][split];
+int max_clusters(const Sm90Setup& s, int split) {
+  std::atomic<int>& entry = s.max_clusters[split];
   int n = entry.load(std::memory_order_relaxed);
   if (n < 0) {
-    n = query_max_clusters(variant, epilogue, split);
+    n = query_max_clusters(split);
     entry.store(n, std::memory_order_relaxed);
   }
   return n > 0 ? n : 0;
@@ -135,16 +132,13 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
 }
 
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
-                                int variant, int block_m, int epilogue, int split) {
-  if (variant != kSm90Bf16Dequant && variant != kSm90Fp8Promote && variant != kSm90Bf16DequantPreA &&
-      variant != kSm90Bf16Prefill && variant != kSm90AutoVariant)
+                                int variant, int block_m, int split) {
+  if (variant != kSm90Bf16Dequant && variant != kSm90Bf16DequantPreA && variant != kSm90Bf16Prefill &&
+      variant != kSm90AutoVariant)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
-                "sm90_fused_variant: variant = %d is not 0 (bf16 dequant), 1 (fp8 promote), 2 (bf16 dequant, "
-                "activations pre-converted), 3 (prefill: both operands pre-converted) or -1 (automatic)",
+                "sm90_fused_variant: variant = %d is not 0 (bf16 dequant), 2 (bf16 dequant, activations "
+                "pre-converted), 3 (prefill: both operands pre-converted) or -1 (automatic)",
                 variant);
-  if (epilogue != kSm90EpilogueStaged && epilogue != kSm90EpilogueRegisters)
-    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_variant: epilogue = %d is not 0 (staged) or 1 (registers)",
-                epilogue);
   const Sm90Setup* setup = nullptr;
   M3QKV_TRY(prepare_device(dev, &setup));
   host::timing_mark(host::Phase::kSetup);
@@ -159,23 +153,21 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   in.block_m = variant == kSm90AutoVariant && block_m == 0 ? sm90::auto_block_m(a.m) : block_m;
   in.split = split;
   const int64_t ks = a.k / sm90::kBK;
-  // The split-K instances (and their occupancy) are variant A's for A, A-pre-A and automatic.
-  const int mainloop = variant == kSm90Fp8Promote ? kSm90Fp8Promote : kSm90Bf16Dequant;
-  for (int c = 2; c <= kSm90MaxSplit && c <= ks; ++c) in.max_clusters[c] = max_clusters(*setup, mainloop, epilogue, c);
+  for (int c = 2; c <= kSm90MaxSplit && c <= ks; ++c) in.max_clusters[c] = max_clusters(*setup, c);
   sm90::Plan plan;
   M3QKV_TRY(sm90::plan(kFn, in, &plan));
   // The two instances that read bf16 copies from the workspace run on the
-  // 128-row unsplit plans with the register epilogue; a forced one elsewhere is refused.
+  // 128-row unsplit plans; a forced one elsewhere is refused.
   const int64_t n = in.heads * kHeadDim;
-  const bool pre_a_ok = epilogue == kSm90EpilogueRegisters && sm90::pre_a_applies(plan, a.m, a.k);
-  const bool prefill_ok = epilogue == kSm90EpilogueRegisters && sm90::prefill_applies(plan, a.m, n, a.k);
+  const bool pre_a_ok = sm90::pre_a_applies(plan, a.m, a.k);
+  const bool prefill_ok = sm90::prefill_applies(plan, a.m, n, a.k);
   if ((variant == kSm90Bf16DequantPreA && !pre_a_ok) || (variant == kSm90Bf16Prefill && !prefill_ok))
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
-                "sm90_fused_variant: variant %d (%s) needs 128-row tiles without split-K, the register epilogue "
-                "and %s <= %lld bytes (plan: block_m %d, split %d; epilogue %d; M %lld)",
+                "sm90_fused_variant: variant %d (%s) needs 128-row tiles without split-K and %s <= %lld bytes "
+                "(plan: block_m %d, split %d; M %lld)",
                 variant, variant == kSm90Bf16Prefill ? "prefill" : "activations pre-converted",
                 variant == kSm90Bf16Prefill ? "(M + N)·K·2" : "M·K·2", static_cast<long long>(sm90::kPreAMaxBytes),
-                plan.bm, plan.split, epilogue, static_cast<long long>(a.m));
+                plan.bm, plan.split, static_cast<long long>(a.m));
   const bool prefill =
       variant == kSm90Bf16Prefill || (variant == kSm90AutoVariant && prefill_ok && sm90::prefer_prefill(a.m));
   const bool pre_a = variant == kSm90Bf16DequantPreA || (variant == kSm90AutoVariant && pre_a_ok && !prefill);
@@ -230,7 +222,6 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   p.epi = epi::make_epilogue_params(a);
   p.split = plan.split;
   const bool pdl = a.use_pdl != 0;
-  const bool reg_epi = epilogue == kSm90EpilogueRegisters;
   // The conversion: memory-bound, 8 CTAs of 256 threads per SM (a full SM).
   const int dequant_grid = 8 * (dev.num_sms > 0 ? dev.num_sms : 1);
   const m3qkv_status st =
@@ -240,15 +231,14 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                                      tmap_w, p, plan.grid, dequant_grid, pdl, s)
       : pre_a ? sm90::launch_bf16dq_pre_a(static_cast<const uint8_t*>(a.xq), p.xsf, xbf, tmap_x, tmap_w, p, plan.grid,
                                         dequant_grid, pdl, s)
-      : variant == kSm90Fp8Promote ? sm90::launch_fp8promo(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s)
-                                   : sm90::launch_bf16dq(plan.cons, reg_epi, tmap_x, tmap_w, p, plan.grid, pdl, s);
+              : sm90::launch_bf16dq(plan.cons, tmap_x, tmap_w, p, plan.grid, pdl, s);
   host::timing_mark(host::Phase::kLaunch);
   return st;
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
   if (sm90_uses_decode(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik))) return sm90_fused_decode(a, dev, acc_tap, s, 0);
-  return sm90_fused_variant(a, dev, acc_tap, s, kSm90AutoVariant, 0, kSm90DefaultEpilogue, 0);
+  return sm90_fused_variant(a, dev, acc_tap, s, kSm90AutoVariant, 0, 0);
 }
 
 m3qkv_status sm90_warmup(const DeviceInfo& dev) {
@@ -261,12 +251,10 @@ void sm90_set_trace(uint64_t* device_buffer, int ctas) {
   g_trace_ctas = g_trace != nullptr ? ctas : 0;
 }
 
-int sm90_max_active_clusters(const DeviceInfo& dev, int variant, int epilogue, int split) {
+int sm90_max_active_clusters(const DeviceInfo& dev, int split) {
   const Sm90Setup* setup = nullptr;
-  if ((variant != 0 && variant != 1) || (epilogue != 0 && epilogue != 1) || split < 2 || split > kSm90MaxSplit ||
-      prepare_device(dev, &setup) != M3QKV_SUCCESS)
-    return 0;
-  return max_clusters(*setup, variant, epilogue, split);
+  if (split < 2 || split > kSm90MaxSplit || prepare_device(dev, &setup) != M3QKV_SUCCESS) return 0;
+  return max_clusters(*setup, split);
 }
 
 }  // namespace m3qkv

@@ -13,14 +13,19 @@ namespace m3qkv {
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s);
 m3qkv_status sm90_warmup(const DeviceInfo& dev);
 
-// The two MX mainloops (docs/sm90.md).
+// The SM90 tile-kernel instances (docs/sm90.md). Variant B (fp8 wgmma with a
+// per-32-K promotion) and the staged epilogue were removed in the fourth
+// session: no dispatch ran them (bench/RESULTS.md v2: B's GEMM error 9e-5
+// against 4.6e-7, the staged epilogue 16 % slower than the register one; v10:
+// the prefill kernel 2x faster than either at M = 4096). Value 1 stays unused.
 enum Sm90Variant : int {
-  kSm90Bf16Dequant = 0,  // A: e4m3·2^e -> bf16 in shared memory, bf16 wgmma m64n128k16
-  kSm90Fp8Promote = 1,   // B: fp8 wgmma m64n128k32 per 32-K block, promotion in f32 registers
+  // A: e4m3·2^e -> bf16 in shared memory by a transform warpgroup, bf16 wgmma
+  // m64n128k16 with f32 accumulators, the register epilogue on the fragment.
+  kSm90Bf16Dequant = 0,
   // A with the activations converted to bf16 once per call (x̂ in the stream
   // workspace, TMA'd into the bf16 stages; the transform converts the weights
-  // only): the prefill instance, 128-row tiles without split-K, register
-  // epilogue. Same bytes as A (docs/sm90.md "Prefill step 1").
+  // only): 128-row tiles without split-K. Same bytes as A (docs/sm90.md
+  // "Prefill step 1").
   kSm90Bf16DequantPreA = 2,
   // Both operands converted to bf16 once per call (x̂ and ŵ in the stream
   // workspace), a TMA-fed bf16 mainloop with no transform, and an epilogue
@@ -33,25 +38,6 @@ enum Sm90Variant : int {
   // kSm90Bf16Dequant.
   kSm90AutoVariant = -1,
 };
-// The variant sm90_fused runs, picked from the H200 measurement of issue 4
-// (bench/RESULTS.md, v2): at M = 4096, TP4, K = 6144 with the register
-// epilogue A took 543.7 us and B 530.6 us (B 2.4% faster), but B's fp8 wgmma
-// adds each 32-K block at reduced precision: |acc - ref|/|ref| = 9e-5 for B
-// against 4.6e-7 for A (the same as the portable path and an f32-accurate
-// MXFP8 GEMM). A 2% speed difference does not buy a 200x larger GEMM error,
-// and one variant for every M keeps results independent of the batch size.
-constexpr Sm90Variant kSm90DefaultVariant = kSm90Bf16Dequant;
-
-// The two epilogues (docs/sm90.md): both use the shared numerics/epilogue
-// primitives; they differ in data layout.
-enum Sm90Epilogue : int {
-  kSm90EpilogueStaged = 0,     // block staged in smem, epi::epilogue_head_row per row (64 threads)
-  kSm90EpilogueRegisters = 1,  // on the wgmma fragment in registers (128 threads, quad shuffles)
-};
-// The register epilogue: bit-exact with the golden model in the whole H200
-// suite (both variants, every head layout) and 14% faster than the staged one
-// at M = 4096 (543.7 vs 629.2 us for A).
-constexpr Sm90Epilogue kSm90DefaultEpilogue = kSm90EpilogueRegisters;
 
 // Split-K over a thread-block cluster (docs/sm90.md "Split-K"): 0 = automatic
 // (with 64-row tiles, when the modelled time drops), 1 = off, 2..kSm90MaxSplit
@@ -59,13 +45,12 @@ constexpr Sm90Epilogue kSm90DefaultEpilogue = kSm90EpilogueRegisters;
 // automatic tile height is 64; clamped to K / 128).
 constexpr int kSm90MaxSplit = 8;  // portable cluster size limit
 
-// sm90_fused with an explicit mainloop variant (bench: time A vs B; tests:
-// check both), tile height (block_m = 64: one consumer warpgroup, 128: two,
-// 0: automatic = 64 when 128-row tiles would not fill the SMs), epilogue and
+// sm90_fused with an explicit instance (bench and tests), tile height
+// (block_m = 64: one consumer warpgroup, 128: two, 0: the plan's choice) and
 // split-K. With split > 1, args.grid > 0 asks for max(1, grid / split) clusters.
 // Arguments already validated, m > 0 (as every backend launcher of internal.h).
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
-                                int variant, int block_m = 0, int epilogue = kSm90DefaultEpilogue, int split = 0);
+                                int variant, int block_m = 0, int split = 0);
 
 // The decode path (src/sm90/decode_sm90.cu, docs/sm90_decode.md) for
 // 1 <= M <= kDecodeMaxM: weights as the wgmma M side, K split over a
@@ -78,10 +63,10 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
 // (sm90::decode_preferred: the measured crossover).
 bool sm90_uses_decode(int64_t m, int heads);
 
-// cudaOccupancyMaxActiveClusters of the split-K instance (variant, epilogue)
-// with clusters of `split` CTAs on `dev`, as the automatic choice sees it
-// (0: unknown or not schedulable). For the timing test's report.
-int sm90_max_active_clusters(const DeviceInfo& dev, int variant, int epilogue, int split);
+// cudaOccupancyMaxActiveClusters of variant A's split-K instance with
+// clusters of `split` CTAs on `dev`, as the automatic choice sees it (0:
+// unknown or not schedulable). For the timing test's report.
+int sm90_max_active_clusters(const DeviceInfo& dev, int split);
 
 // Test-only timeline (sm90_set_trace, Sm90Timing.DISABLED_Timeline_TP4): one
 // %globaltimer stamp per event and CTA, written by the thread that reaches the

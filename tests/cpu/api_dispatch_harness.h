@@ -102,7 +102,7 @@ namespace {
   return record_fused("sm90_fused", a, d, t, s);
 }
 [[maybe_unused]] m3qkv_status fake_sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,
-                                                      cudaStream_t s, int, int, int, int) {
+                                                      cudaStream_t s, int, int, int) {
   return record_fused("sm90_fused_variant", a, d, t, s);
 }
 [[maybe_unused]] m3qkv_status fake_sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,

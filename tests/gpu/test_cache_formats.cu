@@ -52,10 +52,10 @@ constexpr bool kBuiltSm90 = arch_list_has(900);
 // variant >= 0: the tile kernel (sm90_fused_variant); variant < 0: the decode kernel with `split`.
 template <bool kHave = kBuiltSm90>
 m3qkv_status sm90_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, cudaStream_t s, int variant,
-                       int epilogue, int split) {
+                       int block_m, int split) {
   if constexpr (kHave)
     return variant < 0 ? m3qkv::sm90_fused_decode(a, dev, nullptr, s, split)
-                       : m3qkv::sm90_fused_variant(a, dev, nullptr, s, variant, split > 1 ? 64 : 0, epilogue, split);
+                       : m3qkv::sm90_fused_variant(a, dev, nullptr, s, variant, block_m, split);
   else
     return M3QKV_ERROR_UNSUPPORTED_DEVICE;
 }
@@ -142,18 +142,17 @@ struct FusedWay {
   std::string name;
   m3qkv_backend_kind backend;  // forced through m3qkv_testing_fused_qkv ...
   int sm90_variant = -2;       // ... or, >= 0, sm90_fused_variant with these; -1: sm90_fused_decode
-  int sm90_epilogue = 0;
+  int sm90_block_m = 0;
   int sm90_split = 0;
 };
 std::vector<FusedWay> fused_ways() {
   std::vector<FusedWay> w;
   for (m3qkv_backend_kind b : fused_backends()) w.push_back({"forced " + backend_label(b), b});
   if (kBuiltSm90 && device_cc() == 90) {
-    w.push_back({"sm90 A staged", M3QKV_BACKEND_SM90, m3qkv::kSm90Bf16Dequant, m3qkv::kSm90EpilogueStaged, 1});
-    w.push_back({"sm90 A registers", M3QKV_BACKEND_SM90, m3qkv::kSm90Bf16Dequant, m3qkv::kSm90EpilogueRegisters, 1});
-    w.push_back(
-        {"sm90 B registers split-K 2", M3QKV_BACKEND_SM90, m3qkv::kSm90Fp8Promote, m3qkv::kSm90EpilogueRegisters, 2});
-    w.push_back({"sm90 B staged split-K 2", M3QKV_BACKEND_SM90, m3qkv::kSm90Fp8Promote, m3qkv::kSm90EpilogueStaged, 2});
+    w.push_back({"sm90 A", M3QKV_BACKEND_SM90, m3qkv::kSm90Bf16Dequant, 0, 1});
+    w.push_back({"sm90 A split-K 2", M3QKV_BACKEND_SM90, m3qkv::kSm90Bf16Dequant, 64, 2});
+    w.push_back({"sm90 A pre-A", M3QKV_BACKEND_SM90, m3qkv::kSm90Bf16DequantPreA, 128, 1});
+    w.push_back({"sm90 prefill", M3QKV_BACKEND_SM90, m3qkv::kSm90Bf16Prefill, 128, 1});
     w.push_back({"sm90 decode split 1", M3QKV_BACKEND_SM90, -1, 0, 1});
     w.push_back({"sm90 decode split 2", M3QKV_BACKEND_SM90, -1, 0, 2});
   }
@@ -178,7 +177,7 @@ void run_way(const Problem& p, const DeviceInputs& in, const FusedWay& way, int 
   M3QKV_OK(m3qkv::current_device_info(&dev));
   Stream s;
   CUDA_OK(s.error());
-  M3QKV_OK(sm90_call(a, dev, s.get(), way.sm90_variant, way.sm90_epilogue, way.sm90_split));
+  M3QKV_OK(sm90_call(a, dev, s.get(), way.sm90_variant, way.sm90_block_m, way.sm90_split));
   CUDA_OK(cudaStreamSynchronize(s.get()));
   CUDA_OK(fetch_outputs(d, out));
 }
