@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kSplit, kPreA>::kLaunchBound,
   const uint32_t raw_empty0 = raw_full0 + 8 * C::kRawStages;
   const uint32_t bf_full0 = raw_empty0 + 8 * C::kRawStages;
   const uint32_t bf_empty0 = bf_full0 + 8 * C::kBfStages;
-  const uint32_t red_full = bf_empty0 + 8 * C::kBfStages;  // split-K (kernel_sm90.cuh splitk_reduce)
+  const uint32_t red_full = bf_empty0 + 8 * C::kBfStages;  // split-K (kernel_sm90.cuh splitk_reduce_spread)
   const uint32_t red_empty = red_full + 8;
   const uint32_t rank = kSplit ? ptx::cluster_ctarank() : 0u;
   const Work wk = work_of<kSplit>(p, rank);
