@@ -157,4 +157,18 @@ void release_workspaces() {
   (void)c->get_last_error();  // nothing here is anyone's business after exit
 }
 
+m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream, const splitk::Plan& plan,
+                              SplitkBuffers* out) {
+  *out = SplitkBuffers{};
+  if (plan.split <= 1) return M3QKV_SUCCESS;
+  if (plan.counter_bytes > static_cast<int64_t>(kWorkspaceZeroBytes))
+    return fail(M3QKV_ERROR_INTERNAL, "%s: %lld counter bytes exceed the zeroed workspace head", fn,
+                static_cast<long long>(plan.counter_bytes));
+  void* ws = nullptr;
+  M3QKV_TRY(stream_workspace(dev, stream, static_cast<size_t>(plan.workspace_bytes), &ws));
+  out->counters = static_cast<uint32_t*>(ws);
+  out->partials = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + plan.counter_bytes);
+  return M3QKV_SUCCESS;
+}
+
 }  // namespace m3qkv::host

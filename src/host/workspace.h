@@ -5,7 +5,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 
+#include "common/splitk_plan.h"
 #include "host/device.h"
 
 namespace m3qkv::host {
@@ -48,6 +50,18 @@ constexpr size_t kWorkspaceZeroBytes = size_t{64} << 10;
 //    release_stream_workspace frees one stream's before then.
 // Call with dev from enter_* (its context current).
 m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out);
+
+// The split-K decode kernels' buffers in the stream workspace
+// (common/splitk_plan.h): the arrival counters in the zeroed head
+// (plan.counter_bytes of it; the kernels leave them zero) and the partial
+// slots right after them. Both null when the plan does not split. `fn` names
+// the launcher in the message of a plan whose counters outgrow the head.
+struct SplitkBuffers {
+  uint32_t* counters = nullptr;
+  float* partials = nullptr;
+};
+m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream, const splitk::Plan& plan,
+                              SplitkBuffers* out);
 
 // Frees the workspaces of (dev.context, stream), the current one and any it
 // outgrew, so that a caller that destroys its stream leaves no device memory

@@ -132,18 +132,10 @@ m3qkv_status sm100_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev
   p.token_blocks = plan.token_blocks;
   p.split = plan.split;
   p.units = static_cast<int32_t>(plan.units);
-  p.counters = nullptr;
-  p.partials = nullptr;
-  if (plan.split > 1) {
-    // The arrival counters lie in the workspace's zeroed head (kernels leave them zero).
-    if (plan.counter_bytes > static_cast<int64_t>(host::kWorkspaceZeroBytes))
-      return fail(M3QKV_ERROR_INTERNAL, "sm100_fused_decode: %lld counter bytes exceed the zeroed workspace head",
-                  static_cast<long long>(plan.counter_bytes));
-    void* ws = nullptr;
-    M3QKV_TRY(host::stream_workspace(dev, s, static_cast<size_t>(plan.workspace_bytes), &ws));
-    p.counters = static_cast<uint32_t*>(ws);
-    p.partials = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + plan.counter_bytes);
-  }
+  host::SplitkBuffers ws;
+  M3QKV_TRY(host::splitk_workspace("sm100_fused_decode", dev, s, plan, &ws));
+  p.counters = ws.counters;
+  p.partials = ws.partials;
   p.acc_tap = acc_tap;
   p.n = n;
   p.epi = epi::make_epilogue_params(a);
