@@ -21,7 +21,9 @@
 //   insert_<fmt>         m3qkv_qknorm_rope_kv_insert alone on the bf16 qkv
 //                        (fmt = nvfp4, fp8, bf16), with counters bound_us =
 //                        1.5 · bytes / copy bandwidth + 2 µs (the issue-13
-//                        target) and x_bound = time / bound_us
+//                        target) and x_bound = time / bound_us; beside each,
+//                        insert_<fmt>_quad / _warp with the lane layout forced
+//                        (quad rows / warp rows; the plan's threshold)
 // plus copy_d2d (first, after the peaks): cudaMemcpyAsync device to device of
 // 1 GiB, whose bandwidth (bytes read + written) the insert bounds use (4.24 TB/s,
 // the 2026-12-01 H200 figure, when it is filtered out: counter copy_bw_assumed).
@@ -809,15 +811,22 @@ void bench_copy(benchmark::State& state) {
 }
 
 // m3qkv_qknorm_rope_kv_insert alone on the set's bf16 qkv, caches of format fmt.
-void bench_insert(benchmark::State& state, int fmt) {
+// layout: 0 = the plan's lane layout (insert_<fmt>), 1 / 2 = quad rows / warp
+// rows forced (insert_<fmt>_quad / _warp: the plan's threshold is read off these).
+void bench_insert(benchmark::State& state, int fmt, int layout = 0) {
   const Heads& h = arg_heads(state);
   const int64_t m = state.range(1);
   M3Sets* s = m3_sets(h, m);
   if (!s) return skip_setup(state);
   const double bytes = insert_bytes(h, m, fmt);
+  if (m3qkv_testing_insert_layout(layout) != M3QKV_SUCCESS) {
+    state.SkipWithError("m3qkv_testing_insert_layout failed");
+    return;
+  }
   timed_loop(state, int(s->sets.size()), bytes, 0.0, 0.0, [&](int i) {
     return m3err(m3qkv_qknorm_rope_kv_insert(&s->sets[size_t(i)].insert_fmt[fmt], dev().stream));
   });
+  (void)m3qkv_testing_insert_layout(0);
   const auto it = state.counters.find("us");
   if (it == state.counters.end()) return;
   const double bw = g_copy_bw > 0 ? g_copy_bw : kAssumedCopyBw;
@@ -1248,8 +1257,13 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
       for (int f = 1; f < kFormats; ++f)
         add(std::string("fused_") + backend_tag(autok) + "_" + kFormatNames[f], h, m,
             [autok, f](benchmark::State& st) { bench_fused_fmt(st, autok, f); });
-      for (int f = 0; f < kFormats; ++f)
+      for (int f = 0; f < kFormats; ++f) {
         add(std::string("insert_") + kFormatNames[f], h, m, [f](benchmark::State& st) { bench_insert(st, f); });
+        add(std::string("insert_") + kFormatNames[f] + "_quad", h, m,
+            [f](benchmark::State& st) { bench_insert(st, f, 1); });
+        add(std::string("insert_") + kFormatNames[f] + "_warp", h, m,
+            [f](benchmark::State& st) { bench_insert(st, f, 2); });
+      }
 #if M3QKV_WITH_SM90
       if (sm90_variants)  // every TP: the decode/tile routing rule is read off these
         for (int64_t cm : kCrossoverMs)

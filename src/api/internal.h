@@ -20,6 +20,12 @@ extern "C" m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, fl
 extern "C" m3qkv_status m3qkv_testing_inject_fault(m3qkv_backend_kind backend, const char* output, long long offset,
                                                    unsigned xor_mask);
 
+// The standalone insert's lane layout (host/overrides.h, portable/plan.h
+// insert_plan), process-wide: 0 = the plan's choice, 1 = a quad per row
+// (8 rows per warp), 2 = a warp per row. Returns M3QKV_ERROR_INVALID_ARGUMENT
+// for any other value.
+extern "C" m3qkv_status m3qkv_testing_insert_layout(int layout);
+
 // Host-cost breakdown (host/timing.h): with timing on (for every thread;
 // off by default), each entry point records the ns spent in each phase of
 // the host path; m3qkv_testing_host_phases writes those of this thread's

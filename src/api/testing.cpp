@@ -3,6 +3,7 @@
 
 #include "api/internal.h"
 #include "host/fault.h"
+#include "host/overrides.h"
 #include "host/status.h"
 #include "host/timing.h"
 
@@ -20,6 +21,14 @@ int m3qkv_testing_host_phases(unsigned long long* ns, int capacity) {
 }
 
 const char* m3qkv_testing_host_phase_name(int phase) { return host::phase_name(phase); }
+
+m3qkv_status m3qkv_testing_insert_layout(int layout) {
+  clear_error();
+  if (layout < 0 || layout > 2)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "m3qkv_testing_insert_layout: layout = %d is not 0, 1 or 2", layout);
+  host::g_insert_layout.store(layout, std::memory_order_relaxed);
+  return M3QKV_SUCCESS;
+}
 
 m3qkv_status m3qkv_testing_inject_fault(m3qkv_backend_kind backend, const char* output, long long offset,
                                         unsigned xor_mask) {

@@ -83,6 +83,15 @@ __device__ __forceinline__ float quad_lane(float v, int q) {
   return __shfl_sync(0xffffffffu, v, static_cast<int>((threadIdx.x & 28u) | static_cast<unsigned>(q)));
 }
 
+// The bf16 norm weights of a head kind (v has none: null).
+__device__ __forceinline__ const uint16_t* norm_weight(const EpilogueParams& e, HeadKind kind) {
+  return kind == HeadKind::Q        ? e.q_norm_weight
+         : kind == HeadKind::K      ? e.k_norm_weight
+         : kind == HeadKind::IndexQ ? e.index_q_norm_weight
+         : kind == HeadKind::IndexK ? e.index_k_norm_weight
+                                    : nullptr;
+}
+
 // Per-head constants of the quad epilogue: the head's kind and the bf16 norm
 // weights of this lane's columns (8j + 2q, 8j + 2q + 1) as packed words.
 struct QuadHead {
@@ -95,13 +104,62 @@ __device__ __forceinline__ QuadHead quad_head(const EpilogueParams& e, int head,
   QuadHead h;
   h.hi = head_info(head, e.nq, e.nkv, e.niq);
   h.norm = h.hi.kind != HeadKind::V;
-  const uint16_t* w = h.hi.kind == HeadKind::Q        ? e.q_norm_weight
-                      : h.hi.kind == HeadKind::K      ? e.k_norm_weight
-                      : h.hi.kind == HeadKind::IndexQ ? e.index_q_norm_weight
-                                                      : e.index_k_norm_weight;
+  const uint16_t* w = norm_weight(e, h.hi.kind);
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) h.wv[j] = h.norm ? *reinterpret_cast<const uint32_t*>(w + 8 * j + 2 * q) : 0u;
   return h;
+}
+
+// Where one (token row, head) goes, with the guards of epi::epilogue_head_row,
+// for every lane layout (this quad form, the warp form of epilogue_warp.cuh).
+// The slot and position words are one round of independent loads; the
+// caller's RoPE cos/sin loads (which need `pos`) are the second.
+struct RowDest {
+  bool to_cache;        // k / v / index_k with a slot in range
+  SlotAddr sa;          // {0, 0} unless to_cache
+  uint8_t* slot_base;   // NVFP4: the slot base; FP8 / BF16: the row (column 0); null unless to_cache
+  int64_t pos;          // the clamped position (0 where the contract reads none)
+  int32_t cache_dtype;  // k, v: kv_dtype; index_k: ix_dtype
+};
+
+__device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadInfo& hi, int64_t row, bool valid) {
+  const HeadKind kind = hi.kind;
+  const bool norm = kind != HeadKind::V;
+  const bool kv = kind == HeadKind::K || kind == HeadKind::V;
+  const int64_t slot_raw =
+      !valid ? -1 : kv ? e.slot_mapping[row] : kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
+  const int64_t pos_raw = valid && norm ? e.positions[row] : 0;
+  RowDest d;
+  d.to_cache = false;
+  d.sa = {0, 0};
+  d.slot_base = nullptr;
+  // Uniform over the warp wherever the warp's lanes share a head (every caller).
+  d.cache_dtype = kind == HeadKind::IndexK ? e.ix_dtype : e.kv_dtype;
+  // Cache destination (k, v, index_k): resolved first, as epilogue_head_row does.
+  if (valid && kv) {
+    d.to_cache = resolve_slot(slot_raw, e.num_blocks, e.block_size, e.error_flags, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &d.sa);
+    if (d.to_cache) {
+      if (d.cache_dtype == kCacheNvfp4)
+        d.slot_base = e.kv_cache + nvfp4_slot_base(d.sa.page, 2 * hi.index + (kind == HeadKind::K ? 0 : 1),
+                                                   e.kv_page_stride, e.block_size);
+      else
+        d.slot_base = (kind == HeadKind::K ? e.kv_cache : e.v_cache) +
+                      kv_flat_offset(d.sa.page, d.sa.token, hi.index, 0, e.kv_page_stride, e.kv_token_stride,
+                                     e.kv_head_stride, flat_elem_bytes(d.cache_dtype));
+    }
+  } else if (valid && kind == HeadKind::IndexK) {
+    d.to_cache = resolve_slot(slot_raw, e.num_index_blocks, e.block_size, e.error_flags,
+                              M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &d.sa);
+    if (d.to_cache)
+      d.slot_base = d.cache_dtype == kCacheNvfp4
+                        ? e.index_cache + nvfp4_slot_base(d.sa.page, 0, e.index_page_stride, e.block_size)
+                        : e.index_cache + index_flat_offset(d.sa.page, d.sa.token, 0, e.index_page_stride,
+                                                            flat_elem_bytes(d.cache_dtype));
+  }
+  // Position guard only where epilogue_head_row reads the position.
+  const bool reads_pos = norm && valid && (kind == HeadKind::Q || kind == HeadKind::IndexQ || d.to_cache);
+  d.pos = reads_pos ? clamp_position(pos_raw, e.max_position, e.error_flags) : 0;
+  return d;
 }
 
 // The whole epilogue of token `row` for head `h` on this lane's 32 values
@@ -112,47 +170,15 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
                                                   float (&y)[kQuadValues], int q) {
   const HeadKind kind = h.hi.kind;
   const int c0 = 2 * q;
-  const bool kv = kind == HeadKind::K || kind == HeadKind::V;
 
-  // Per-row inputs in two dependent rounds of loads: the slot and position
-  // words, then the RoPE cos/sin words.
-  const int64_t slot_raw =
-      !valid ? -1 : kv ? e.slot_mapping[row] : kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
-  const int64_t pos_raw = valid && h.norm ? e.positions[row] : 0;
-  bool to_cache = false;
-  SlotAddr sa = {0, 0};
-  // NVFP4: the slot base. FP8 / BF16: the row (column 0).
-  uint8_t* slot_base = nullptr;
-  // Format of this head's cache (k, v: kv_dtype; index_k: ix_dtype). Uniform
-  // over the warp wherever the warp's quads share a head (every caller).
-  const int32_t cache_dtype = kind == HeadKind::IndexK ? e.ix_dtype : e.kv_dtype;
-  // Cache destination (k, v, index_k): resolved first, as epilogue_head_row does.
-  if (valid && kv) {
-    to_cache = resolve_slot(slot_raw, e.num_blocks, e.block_size, e.error_flags, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &sa);
-    if (to_cache) {
-      if (cache_dtype == kCacheNvfp4)
-        slot_base = e.kv_cache + nvfp4_slot_base(sa.page, 2 * h.hi.index + (kind == HeadKind::K ? 0 : 1),
-                                                 e.kv_page_stride, e.block_size);
-      else
-        slot_base = (kind == HeadKind::K ? e.kv_cache : e.v_cache) +
-                    kv_flat_offset(sa.page, sa.token, h.hi.index, 0, e.kv_page_stride, e.kv_token_stride,
-                                   e.kv_head_stride, flat_elem_bytes(cache_dtype));
-    }
-  } else if (valid && kind == HeadKind::IndexK) {
-    to_cache = resolve_slot(slot_raw, e.num_index_blocks, e.block_size, e.error_flags,
-                            M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &sa);
-    if (to_cache)
-      slot_base = cache_dtype == kCacheNvfp4
-                      ? e.index_cache + nvfp4_slot_base(sa.page, 0, e.index_page_stride, e.block_size)
-                      : e.index_cache +
-                            index_flat_offset(sa.page, sa.token, 0, e.index_page_stride, flat_elem_bytes(cache_dtype));
-  }
-  // Position guard only where epilogue_head_row reads the position.
-  const bool reads_pos = h.norm && valid && (kind == HeadKind::Q || kind == HeadKind::IndexQ || to_cache);
-  const int64_t pos = reads_pos ? clamp_position(pos_raw, e.max_position, e.error_flags) : 0;
+  const RowDest d = row_dest(e, h.hi, row, valid);
+  const bool to_cache = d.to_cache;
+  const SlotAddr sa = d.sa;
+  uint8_t* const slot_base = d.slot_base;
+  const int32_t cache_dtype = d.cache_dtype;
   constexpr int kCsWords = kRopeHalf / 8;  // cos (and sin) words per lane
   uint32_t cs_w[kCsWords], sn_w[kCsWords];
-  const uint16_t* cs = e.cos_sin_cache + pos * kRopeDim;
+  const uint16_t* cs = e.cos_sin_cache + d.pos * kRopeDim;
 #pragma unroll
   for (int j = 0; j < kCsWords; ++j) {
     cs_w[j] = h.norm ? *reinterpret_cast<const uint32_t*>(cs + 8 * j + c0) : 0u;

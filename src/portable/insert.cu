@@ -2,21 +2,27 @@
 // outputs + cache insert (any format of SPEC §4 / §4b) on a bf16 projection,
 // float(bf16) in.
 //
-// One pass, every lane busy: a warp takes one head of 8 consecutive token rows,
-// a QUAD of lanes one (row, head) in the quad layout of epi::quad_row_epilogue
-// (lane q holds columns 8j + 2q + {0, 1}), which runs the shared epilogue on
-// registers with quad shuffles. All quads of a warp share the head, so the
-// epilogue's branches and shuffles are warp-uniform. Each lane reads its 16
-// bf16 pairs as 4-byte words: per j a quad reads 16 contiguous bytes of its
-// row, the 16 loads of a lane are independent (all in flight together) and
-// the 32-byte sectors a load leaves half-used are completed by the next j from
-// L1, so DRAM sees each byte of qkv once.
+// One pass, every lane busy, in one of two lane layouts (the plan's choice,
+// portable/plan.h insert_plan; a kernel parameter, uniform over the grid):
+//  * quad rows (large M): a warp takes one head of 8 consecutive token rows,
+//    a QUAD of lanes one (row, head) in the quad layout of
+//    epi::quad_row_epilogue (lane q holds columns 8j + 2q + {0, 1}), which
+//    runs the shared epilogue on registers with quad shuffles. All quads of a
+//    warp share the head, so the epilogue's branches and shuffles are
+//    warp-uniform. Each lane reads its 16 bf16 pairs as 4-byte words: per j a
+//    quad reads 16 contiguous bytes of its row, the 16 loads of a lane are
+//    independent (all in flight together) and the 32-byte sectors a load
+//    leaves half-used are completed by the next j from L1, so DRAM sees each
+//    byte of qkv once.
+//  * warp rows (small M): a warp takes one (row, head), 4 values per lane
+//    (epi::warp_row_epilogue): the per-row chain is ~8x shorter, which is
+//    what bounds the call when there are too few rows to fill the GPU.
 //
 // Bytes one call must move (bench/RESULTS.md, "insert"): M·N·2 (qkv) + M·24
 // (position, slot, index slot) + M·128 (the cos/sin row) + the outputs
 // M·nq·128·(2 [q_out] + 1 [q_fp8_out]) + M·niq·128 + the cache tokens:
 // NVFP4 M·(2·nkv + nik)·72, FP8 M·(2·nkv + nik)·128, BF16 M·(2·nkv + nik)·256.
-#include "common/epilogue_quad.cuh"
+#include "common/epilogue_warp.cuh"
 #include "portable/kernels.cuh"
 #include "ptx/griddepcontrol.cuh"
 
@@ -32,10 +38,21 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
 
   const int heads = total_heads(p.e.nq, p.e.nkv, p.e.niq, p.e.nik);
   const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
+  constexpr int kWarps = kInsertThreads / 32;
+  if (p.warp_rows) {
+    // Warp-uniform loop over (row, head), head fastest.
+    const int64_t items = p.m * heads;
+    for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
+         it += static_cast<int64_t>(gridDim.x) * kWarps) {
+      const int head = static_cast<int>(it % heads);
+      const int64_t row = it / heads;
+      epi::warp_row_epilogue(p.e, head, row, p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim);
+    }
+    return;
+  }
   const int64_t items = (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;  // (row group, head) per warp
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int q = lane % 4;
-  constexpr int kWarps = kInsertThreads / 32;
   // Warp-uniform loop: head fastest, so the warps of a block read adjacent heads of the same rows.
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * kWarps) {

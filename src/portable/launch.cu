@@ -4,9 +4,10 @@
 // griddepcontrol.wait before reading any input). `grid` (fused, gemm,
 // insert): the kernels loop over their work items with a grid stride, so any
 // grid >= 1 is correct; plan.h turns it into the CTA count (0 = one CTA per
-// tile for fused and gemm, one (8-row group, head) item per warp for insert).
+// tile for fused and gemm, one item per warp for insert: plan.h insert_plan).
 #include "host/launch.h"
 #include "host/once.h"
+#include "host/overrides.h"
 #include "host/timing.h"
 #include "portable/kernels.cuh"
 #include "portable/mainloop.cuh"
@@ -95,15 +96,15 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
 }
 
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
-  // Work items: (8-row group, head), one per warp.
-  const int64_t items = (a.m + portable::kInsertRowsPerWarp - 1) / portable::kInsertRowsPerWarp *
-                        total_heads(a.nq, a.nkv, a.niq, a.nik);
-  const host::LaunchShape sh = shape(portable::plan_grid(items, portable::kInsertThreads / 32, a.grid),
-                                     portable::kInsertThreads, 0, a.use_pdl, dev);
+  const portable::InsertPlan plan =
+      portable::insert_plan(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), dev.num_sms, a.grid,
+                            static_cast<portable::InsertLayout>(host::g_insert_layout.load(std::memory_order_relaxed)));
+  const host::LaunchShape sh = shape(plan.grid, portable::kInsertThreads, 0, a.use_pdl, dev);
   host::timing_mark(host::Phase::kPlan);
   portable::InsertParams p;
   p.qkv = static_cast<const uint16_t*>(a.qkv);
   p.m = a.m;
+  p.warp_rows = plan.warp_rows ? 1 : 0;
   p.e = epi::make_epilogue_params(a);
   const m3qkv_status st = host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_kernel",
                                        m3qkv_portable_insert_kernel, sh, s, p);

@@ -21,6 +21,36 @@ inline unsigned plan_grid(int64_t items, int64_t per_block, int32_t override_gri
   return static_cast<unsigned>(g);
 }
 
+// The standalone insert (src/portable/insert.cu): 4-warp CTAs over (rows,
+// head) items, one item per warp, in one of two lane layouts.
+constexpr int kInsertThreads = 128;    // 4 warps
+constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 token rows, a quad per row
+// Warp rows (a warp per (row, head), 4 values per lane) while the problem
+// has at most this many head rows per SM: there a quad per row leaves the
+// GPU mostly idle and each row's serial chain (32 values per lane) is the
+// call's latency; above it the quad layout's 8x fewer instructions per row
+// matter more (the warp form repeats the norm sums in each of its 8 quads).
+// Measured on the H200 (bench/RESULTS.md, v11: insert_<fmt> forced each way).
+constexpr int64_t kInsertWarpRowsPerSm = 32;
+
+// Lane layout: automatic, or forced (tests and the bench: m3qkv_testing_insert_layout).
+enum class InsertLayout : int { kAuto = 0, kQuadRows = 1, kWarpRows = 2 };
+
+struct InsertPlan {
+  bool warp_rows;
+  int64_t items;  // warps of work: (row, head) or (8-row group, head)
+  unsigned grid;
+};
+
+inline InsertPlan insert_plan(int64_t m, int heads, int num_sms, int32_t override_grid, InsertLayout layout) {
+  InsertPlan p;
+  p.warp_rows = layout == InsertLayout::kWarpRows ||
+                (layout == InsertLayout::kAuto && m * heads <= static_cast<int64_t>(num_sms) * kInsertWarpRowsPerSm);
+  p.items = p.warp_rows ? m * heads : (m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;
+  p.grid = plan_grid(p.items, kInsertThreads / 32, override_grid);
+  return p;
+}
+
 // Output tiles of bm x bn of an [m, n] GEMM (n is a multiple of bn).
 inline int64_t gemm_tiles(int64_t m, int64_t n, int bm, int bn) { return (n / bn) * ((m + bm - 1) / bm); }
 

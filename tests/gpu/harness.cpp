@@ -177,6 +177,11 @@ void golden_epilogue(const Problem& p, const float* acc, HostOutputs* o) {
   m3qkv::golden::epilogue(a, acc, &o->flags);
 }
 
+InsertLayoutScope::InsertLayoutScope(int layout) {
+  EXPECT_EQ(m3qkv_testing_insert_layout(layout), M3QKV_SUCCESS) << m3qkv_last_error();
+}
+InsertLayoutScope::~InsertLayoutScope() { (void)m3qkv_testing_insert_layout(0); }
+
 void golden_insert(const Problem& p, const uint16_t* qkv, HostOutputs* o) {
   const m3qkv_insert_args a = p.host_insert_args(qkv, o->ptrs());
   m3qkv::golden::insert(a, &o->flags);

@@ -122,6 +122,19 @@ void golden_epilogue(const Problem& p, const float* acc, HostOutputs* o);
 // Golden insert of `p` on a bf16 projection `qkv` [M, N] into `o` (in place).
 void golden_insert(const Problem& p, const uint16_t* qkv, HostOutputs* o);
 
+// The standalone insert's lane layouts (portable/plan.h InsertLayout), forced
+// for one scope through m3qkv_testing_insert_layout; the destructor restores
+// the plan's choice. Tests of the insert run each in turn.
+constexpr int kInsertQuadRows = 1, kInsertWarpRows = 2;
+inline const char* insert_layout_name(int layout) { return layout == kInsertWarpRows ? "warp rows" : "quad rows"; }
+class InsertLayoutScope {
+ public:
+  explicit InsertLayoutScope(int layout);
+  ~InsertLayoutScope();
+  InsertLayoutScope(const InsertLayoutScope&) = delete;
+  InsertLayoutScope& operator=(const InsertLayoutScope&) = delete;
+};
+
 // Compares every output buffer byte for byte (gtest failures, non-fatal,
 // with the first differing element decoded). `what` prefixes the messages.
 void expect_same_outputs(const Problem& p, const HostOutputs& expected, const Fetched& got, const std::string& what,

@@ -3,7 +3,8 @@
 //    the error figure vs f64 and every element within one bf16 ulp of
 //    bf16_rn(f64 reference);
 //  - m3qkv_qknorm_rope_kv_insert: bit-exact vs golden::insert on random bf16
-//    projections (zero rows, saturating rows, skipped / out-of-range slots);
+//    projections (zero rows, saturating rows, skipped / out-of-range slots),
+//    in the plan's lane layout and in each one forced (quad rows, warp rows);
 //  - m3qkv_mxfp8_quantize: bit-exact vs golden::mxfp8_quantize on random
 //    bf16 incl. zero rows and extreme values (padding scale rows included);
 //  - the unfused pair gemm -> insert with PDL equals the golden composition.
@@ -217,9 +218,15 @@ TEST_P(GpuInsert, BitExactVsGoldenInsert) {
   CUDA_OK(in.upload(p));
   M3QKV_ALLOC(dqkv, qkv.size() * 2);
   CUDA_OK(dqkv.upload(qkv));
-  for (int salt = 0; salt < 2; ++salt) {
-    for (int pdl = 0; pdl < 2; ++pdl) {
-      const std::string what = insert_name(c) + " salt " + std::to_string(salt) + " use_pdl " + std::to_string(pdl);
+  for (int run = 0; run < 6; ++run) {
+    // The plan's layout with and without PDL, then each layout forced, both salts.
+    const int layout = run < 2 ? 0 : run < 4 ? kInsertQuadRows : kInsertWarpRows;
+    const int salt = run % 2, pdl = run < 2 ? run : 1;
+    {
+      InsertLayoutScope forced(layout);
+      const std::string what = insert_name(c) + " layout " +
+                               (layout == 0 ? std::string("auto") : insert_layout_name(layout)) + " salt " +
+                               std::to_string(salt) + " use_pdl " + std::to_string(pdl);
       SCOPED_TRACE(what);
       DeviceOutputs d;
       CUDA_OK(d.init(p, salt));

@@ -1,0 +1,15 @@
+// Test-only overrides of plan choices, set by m3qkv_testing_* (api/internal.h)
+// so that tests reach every kernel form at any shape and the bench can price
+// each against the other. Read once per call with a relaxed load; 0 = the
+// plan decides.
+#pragma once
+
+#include <atomic>
+
+namespace m3qkv::host {
+
+// The standalone insert's lane layout: portable::InsertLayout (0 automatic,
+// 1 quad rows, 2 warp rows).
+extern std::atomic<int> g_insert_layout;
+
+}  // namespace m3qkv::host
