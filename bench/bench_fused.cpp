@@ -50,9 +50,11 @@
 // R·(per-call bytes) ≥ 3 × L2, so no call finds its weights in L2. R is one
 // number per (TP, M), taken from the op with the smallest footprint, so all
 // ops of a case share the sets (the "+insert" lines pair cuBLAS set i with the
-// insert outputs of m3qkv set i). One benchmark iteration = one pass over the
-// R sets between two CUDA events, replayed as a CUDA graph (see timed_loop);
-// the iteration time reported is the pass time / R (time per call).
+// insert outputs of m3qkv set i). One benchmark iteration = U = ceil(64 / R)
+// passes over the R sets between two CUDA events, captured once as one CUDA
+// graph of U·R calls and replayed (see timed_loop: at least 64 calls, so the
+// graph's start-up cost is spread alike over every case); the iteration time
+// reported is the iteration's time / (U·R) (time per call).
 //
 // Counters: us (per call), TFLOP/s (2·M·N·K), GB/s over "bytes" = weights +
 // activations (+ scale factors) + outputs (+ the small per-token inputs for
@@ -663,7 +665,7 @@ BlasSets* peak_sets(bool fp8) {
 // M3QKV_BENCH_NO_GRAPH=1 times direct launches instead. Counter "graph" says
 // which one ran (a failed capture falls back to direct launches).
 template <class Call>
-bool capture_pass(int r, Call& call, cudaGraphExec_t* exec) {
+bool capture_pass(int r, int passes, Call& call, cudaGraphExec_t* exec) {
   Device& d = dev();
   *exec = nullptr;
   if (const char* e = std::getenv("M3QKV_BENCH_NO_GRAPH"))
@@ -673,7 +675,7 @@ bool capture_pass(int r, Call& call, cudaGraphExec_t* exec) {
     return false;
   }
   bool ok = true;
-  for (int i = 0; i < r && ok; ++i) ok = call(i).empty();
+  for (int k = 0; k < r * passes && ok; ++k) ok = call(k % r).empty();
   cudaGraph_t g = nullptr;
   const cudaError_t ee = cudaStreamEndCapture(d.stream, &g);
   if (!ok || ee != cudaSuccess || !g) {
@@ -691,11 +693,20 @@ bool capture_pass(int r, Call& call, cudaGraphExec_t* exec) {
   return true;
 }
 
-// Runs `call(i)` over the R sets once per iteration between two events.
+// Calls per timed iteration, at least: one iteration is U = ceil(64 / R)
+// passes over the R sets (one graph of U·R calls), so the fixed cost of
+// starting a graph (~3.5 µs on the H200, v11: per-call times fell as
+// a + 3.5 µs / R with R = 4 ... 20 at small M) weighs < 0.06 µs on every
+// case, as in serving, where one graph holds a whole decode step.
+constexpr int kMinCallsPerIteration = 64;
+
+// Runs `call(i)` over the R sets U times per iteration between two events.
 // call returns an error string ("" on success).
 template <class Call>
 void timed_loop(benchmark::State& state, int r, double bytes, double flop, double traffic, Call&& call) {
   Device& d = dev();
+  const int passes = std::max(1, (kMinCallsPerIteration + r - 1) / r);
+  const int per_iter = r * passes;
   // Warm-up pass (module load, first-touch).
   for (int i = 0; i < r; ++i) {
     const std::string e = call(i);
@@ -709,7 +720,7 @@ void timed_loop(benchmark::State& state, int r, double bytes, double flop, doubl
     return;
   }
   cudaGraphExec_t exec = nullptr;
-  const bool graph = capture_pass(r, call, &exec);
+  const bool graph = capture_pass(r, passes, call, &exec);
   struct ExecGuard {
     cudaGraphExec_t e;
     ~ExecGuard() {
@@ -725,7 +736,7 @@ void timed_loop(benchmark::State& state, int r, double bytes, double flop, doubl
       const cudaError_t le = cudaGraphLaunch(exec, d.stream);
       if (le != cudaSuccess) e = std::string("cudaGraphLaunch: ") + cudaGetErrorString(le);
     } else {
-      for (int i = 0; i < r && e.empty(); ++i) e = call(i);
+      for (int k = 0; k < per_iter && e.empty(); ++k) e = call(k % r);
     }
     cudaEventRecord(d.e1, d.stream);
     const cudaError_t se = cudaEventSynchronize(d.e1);
@@ -735,10 +746,10 @@ void timed_loop(benchmark::State& state, int r, double bytes, double flop, doubl
     }
     float ms = 0.0f;
     cudaEventElapsedTime(&ms, d.e0, d.e1);
-    const double per_call = double(ms) * 1e-3 / r;
+    const double per_call = double(ms) * 1e-3 / per_iter;
     state.SetIterationTime(per_call);
     total += double(ms) * 1e-3;
-    calls += r;
+    calls += per_iter;
   }
   if (calls == 0) return;
   const double t = total / double(calls);
@@ -748,6 +759,7 @@ void timed_loop(benchmark::State& state, int r, double bytes, double flop, doubl
   state.counters["bytes_MB"] = bytes * 1e-6;
   if (traffic > 0) state.counters["traffic_MB"] = traffic * 1e-6;
   state.counters["sets"] = r;
+  state.counters["calls_per_iter"] = per_iter;
   state.counters["graph"] = graph ? 1 : 0;
 }
 
@@ -1035,7 +1047,7 @@ double target_seconds() {
 // the mean) and as counters host_us / host_p90_us (median, p90), the host
 // path's phases (host/timing.h; medians over a second
 // pass with the phase marks on, which cost ~20 ns each), and beside it the
-// kernel time of the same call (kernel_us: a CUDA graph of 16 calls on one
+// kernel time of the same call (kernel_us: a CUDA graph of 64 calls on one
 // set, warm L2, replayed 5 times). Counter checked = 1 when the process runs
 // with M3QKV_CHECKED=1 (run the filter twice to price checked mode).
 // The host-cost ops: m3qkv's four, and beside them in the same run the same
@@ -1074,11 +1086,12 @@ double median_of(std::vector<double> v, double q = 0.5) {
   return v[std::min(v.size() - 1, size_t(q * double(v.size())))];
 }
 
-// Kernel time per call: a graph of 16 calls replayed 5 times between events.
+// Kernel time per call: a graph of 64 calls (kMinCallsPerIteration) replayed
+// 5 times between events.
 template <class Call>
 double kernel_us(Call& call) {
   Device& d = dev();
-  constexpr int kCalls = 16, kReplays = 5;
+  constexpr int kCalls = kMinCallsPerIteration, kReplays = 5;
   if (cudaStreamBeginCapture(d.stream, cudaStreamCaptureModeRelaxed) != cudaSuccess) {
     (void)cudaGetLastError();
     return 0.0;

@@ -111,24 +111,42 @@ __device__ __forceinline__ QuadHead quad_head(const EpilogueParams& e, int head,
 }
 
 // Where one (token row, head) goes, with the guards of epi::epilogue_head_row,
-// for every lane layout (this quad form, the warp form of epilogue_warp.cuh).
-// The slot and position words are one round of independent loads; the
-// caller's RoPE cos/sin loads (which need `pos`) are the second.
+// for every lane layout (this quad form, the warp form of epilogue_warp.cuh),
+// in the order of the two dependent load rounds:
+//  1. row_inputs: the slot and position words (independent loads); the
+//     position clamped without a flag, for the caller's RoPE cos/sin loads
+//     (round 2), which it issues right away;
+//  2. row_dest: the slot resolved (in the warp form its division overlaps
+//     round 2) and the flags. The cos/sin row is read at the clamped
+//     position even where the contract reads none (a skipped slot): a row
+//     of the table, never stored.
+struct RowInputs {
+  int64_t slot_raw;  // -1 where the head has no cache row or the row is not valid
+  int64_t pos_raw;   // 0 where the contract reads no position
+  int64_t pos;       // pos_raw clamped to [0, max_position)
+};
+
+__device__ __forceinline__ RowInputs row_inputs(const EpilogueParams& e, const HeadInfo& hi, int64_t row, bool valid) {
+  const HeadKind kind = hi.kind;
+  const bool kv = kind == HeadKind::K || kind == HeadKind::V;
+  RowInputs in;
+  in.slot_raw = !valid ? -1 : kv ? e.slot_mapping[row] : kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
+  in.pos_raw = valid && kind != HeadKind::V ? e.positions[row] : 0;
+  in.pos = clamp_position_quiet(in.pos_raw, e.max_position);
+  return in;
+}
+
 struct RowDest {
   bool to_cache;        // k / v / index_k with a slot in range
   SlotAddr sa;          // {0, 0} unless to_cache
   uint8_t* slot_base;   // NVFP4: the slot base; FP8 / BF16: the row (column 0); null unless to_cache
-  int64_t pos;          // the clamped position (0 where the contract reads none)
   int32_t cache_dtype;  // k, v: kv_dtype; index_k: ix_dtype
 };
 
-__device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadInfo& hi, int64_t row, bool valid) {
+__device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadInfo& hi, const RowInputs& in,
+                                            bool valid) {
   const HeadKind kind = hi.kind;
-  const bool norm = kind != HeadKind::V;
   const bool kv = kind == HeadKind::K || kind == HeadKind::V;
-  const int64_t slot_raw =
-      !valid ? -1 : kv ? e.slot_mapping[row] : kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
-  const int64_t pos_raw = valid && norm ? e.positions[row] : 0;
   RowDest d;
   d.to_cache = false;
   d.sa = {0, 0};
@@ -137,7 +155,8 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
   d.cache_dtype = kind == HeadKind::IndexK ? e.ix_dtype : e.kv_dtype;
   // Cache destination (k, v, index_k): resolved first, as epilogue_head_row does.
   if (valid && kv) {
-    d.to_cache = resolve_slot(slot_raw, e.num_blocks, e.block_size, e.error_flags, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &d.sa);
+    d.to_cache =
+        resolve_slot(in.slot_raw, e.num_blocks, e.block_size, e.error_flags, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &d.sa);
     if (d.to_cache) {
       if (d.cache_dtype == kCacheNvfp4)
         d.slot_base = e.kv_cache + nvfp4_slot_base(d.sa.page, 2 * hi.index + (kind == HeadKind::K ? 0 : 1),
@@ -148,7 +167,7 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
                                      e.kv_head_stride, flat_elem_bytes(d.cache_dtype));
     }
   } else if (valid && kind == HeadKind::IndexK) {
-    d.to_cache = resolve_slot(slot_raw, e.num_index_blocks, e.block_size, e.error_flags,
+    d.to_cache = resolve_slot(in.slot_raw, e.num_index_blocks, e.block_size, e.error_flags,
                               M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &d.sa);
     if (d.to_cache)
       d.slot_base = d.cache_dtype == kCacheNvfp4
@@ -156,9 +175,11 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
                         : e.index_cache + index_flat_offset(d.sa.page, d.sa.token, 0, e.index_page_stride,
                                                             flat_elem_bytes(d.cache_dtype));
   }
-  // Position guard only where epilogue_head_row reads the position.
-  const bool reads_pos = norm && valid && (kind == HeadKind::Q || kind == HeadKind::IndexQ || d.to_cache);
-  d.pos = reads_pos ? clamp_position(pos_raw, e.max_position, e.error_flags) : 0;
+  // The position flag only where epilogue_head_row reads the position.
+  const bool reads_pos =
+      kind != HeadKind::V && valid && (kind == HeadKind::Q || kind == HeadKind::IndexQ || d.to_cache);
+  if (reads_pos && !position_in_range(in.pos_raw, e.max_position))
+    set_flag(e.error_flags, M3QKV_FLAG_POSITION_OUT_OF_RANGE);
   return d;
 }
 
@@ -171,14 +192,18 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
   const HeadKind kind = h.hi.kind;
   const int c0 = 2 * q;
 
-  const RowDest d = row_dest(e, h.hi, row, valid);
+  // The slot resolved before the cos/sin loads (not between the rounds, as
+  // the warp form does): the quad form's eight cos/sin words live across the
+  // division would push the SM90 decode kernel (168 registers) into spills.
+  const RowInputs in = row_inputs(e, h.hi, row, valid);
+  const RowDest d = row_dest(e, h.hi, in, valid);
   const bool to_cache = d.to_cache;
   const SlotAddr sa = d.sa;
   uint8_t* const slot_base = d.slot_base;
   const int32_t cache_dtype = d.cache_dtype;
   constexpr int kCsWords = kRopeHalf / 8;  // cos (and sin) words per lane
   uint32_t cs_w[kCsWords], sn_w[kCsWords];
-  const uint16_t* cs = e.cos_sin_cache + d.pos * kRopeDim;
+  const uint16_t* cs = e.cos_sin_cache + in.pos * kRopeDim;
 #pragma unroll
   for (int j = 0; j < kCsWords; ++j) {
     cs_w[j] = h.norm ? *reinterpret_cast<const uint32_t*>(cs + 8 * j + c0) : 0u;

@@ -26,7 +26,7 @@
 //  * Stores: unit j of lane q belongs at row byte (4j + q)·U (U = 1 NVFP4
 //    byte, 2 e4m3 pair, 4 bf16 pair): unit k at l·U and unit k + 8 at
 //    (32 + l)·U, so each store instruction writes 32·U contiguous bytes.
-//  * Destination, guards, flags: row_dest(), shared with the quad form.
+//  * Destination, guards, flags: row_inputs() / row_dest(), shared with the quad form.
 //
 // Alignment: the q / cache row starts of epilogue_quad.cuh (kRowStoreAlign);
 // every store here is U-byte aligned within them, and the linear NVFP4
@@ -50,17 +50,18 @@ __device__ __forceinline__ void warp_row_epilogue(const EpilogueParams& e, int h
   const uint32_t* src_w = reinterpret_cast<const uint32_t*>(src);  // word i = columns 2i, 2i + 1
 
   // Round 1: the lane's two words, the quad-layout words of the sums, the
-  // norm weights, and (row_dest) the slot and position.
+  // norm weights, and (row_inputs) the slot and position.
   const uint32_t w0 = src_w[lane], w1 = src_w[32 + lane];
   uint32_t qw[kHeadDim / 8];
 #pragma unroll
   for (int j = 0; j < kHeadDim / 8; ++j) qw[j] = norm ? src_w[4 * j + q] : 0u;
   const uint32_t* wt = reinterpret_cast<const uint32_t*>(norm_weight(e, kind));
   const uint32_t nw0 = norm ? wt[lane] : 0u, nw1 = norm ? wt[32 + lane] : 0u;
-  const RowDest d = row_dest(e, hi, row, true);
+  const RowInputs in = row_inputs(e, hi, row, true);
   // Round 2: this lane's RoPE pair i = 2(l % 16) + b: cos word and sin word.
-  const uint32_t* cs_w = reinterpret_cast<const uint32_t*>(e.cos_sin_cache + d.pos * kRopeDim);
+  const uint32_t* cs_w = reinterpret_cast<const uint32_t*>(e.cos_sin_cache + in.pos * kRopeDim);
   const uint32_t cw = norm ? cs_w[lane % 16] : 0u, sw = norm ? cs_w[kRopeHalf / 2 + lane % 16] : 0u;
+  const RowDest d = row_dest(e, hi, in, true);
 
   float y[4] = {bf16_to_f32(static_cast<uint16_t>(w0 & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(w0 >> 16)),
                 bf16_to_f32(static_cast<uint16_t>(w1 & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(w1 >> 16))};

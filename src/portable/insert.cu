@@ -3,7 +3,9 @@
 // float(bf16) in.
 //
 // One pass, every lane busy, in one of two lane layouts (the plan's choice,
-// portable/plan.h insert_plan; a kernel parameter, uniform over the grid):
+// portable/plan.h insert_plan), one kernel each (the warp form needs 54
+// registers, the quad form 90 on sm_90a: one kernel would give both 97 and
+// the warp form 4 CTAs per SM instead of 9):
 //  * quad rows (large M): a warp takes one head of 8 consecutive token rows,
 //    a QUAD of lanes one (row, head) in the quad layout of
 //    epi::quad_row_epilogue (lane q holds columns 8j + 2q + {0, 1}), which
@@ -14,9 +16,10 @@
 //    independent (all in flight together) and the 32-byte sectors a load
 //    leaves half-used are completed by the next j from L1, so DRAM sees each
 //    byte of qkv once.
-//  * warp rows (small M): a warp takes one (row, head), 4 values per lane
-//    (epi::warp_row_epilogue): the per-row chain is ~8x shorter, which is
-//    what bounds the call when there are too few rows to fill the GPU.
+//  * warp rows (small M, m3qkv_portable_insert_warp_kernel): a warp takes one
+//    (row, head), 4 values per lane (epi::warp_row_epilogue): the per-row
+//    chain is ~8x shorter, which is what bounds the call when there are too
+//    few rows to fill the GPU.
 //
 // Bytes one call must move (bench/RESULTS.md, "insert"): M·N·2 (qkv) + M·24
 // (position, slot, index slot) + M·128 (the cos/sin row) + the outputs
@@ -32,28 +35,35 @@ using namespace m3qkv::portable;
 static_assert(kInsertThreads % 32 == 0, "whole warps");
 static_assert(kInsertRowsPerWarp * 4 == 32, "one quad per row");
 
-__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(const InsertParams p) {
+// Warp rows: a warp-uniform loop over (row, head), head fastest.
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_warp_kernel(const InsertParams p) {
   griddepcontrol_wait();  // qkv is typically the previous grid's output (the GEMM)
   griddepcontrol_launch_dependents();
 
   const int heads = total_heads(p.e.nq, p.e.nkv, p.e.niq, p.e.nik);
   const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
   constexpr int kWarps = kInsertThreads / 32;
-  if (p.warp_rows) {
-    // Warp-uniform loop over (row, head), head fastest.
-    const int64_t items = p.m * heads;
-    for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
-         it += static_cast<int64_t>(gridDim.x) * kWarps) {
-      const int head = static_cast<int>(it % heads);
-      const int64_t row = it / heads;
-      epi::warp_row_epilogue(p.e, head, row, p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim);
-    }
-    return;
+  const int64_t items = p.m * heads;
+  for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
+       it += static_cast<int64_t>(gridDim.x) * kWarps) {
+    const int head = static_cast<int>(it % heads);
+    const int64_t row = it / heads;
+    epi::warp_row_epilogue(p.e, head, row, p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim);
   }
-  const int64_t items = (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;  // (row group, head) per warp
+}
+
+// Quad rows: a warp-uniform loop over (8-row group, head), head fastest, so
+// the warps of a block read adjacent heads of the same rows.
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(const InsertParams p) {
+  griddepcontrol_wait();
+  griddepcontrol_launch_dependents();
+
+  const int heads = total_heads(p.e.nq, p.e.nkv, p.e.niq, p.e.nik);
+  const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
+  constexpr int kWarps = kInsertThreads / 32;
+  const int64_t items = (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int q = lane % 4;
-  // Warp-uniform loop: head fastest, so the warps of a block read adjacent heads of the same rows.
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int head = static_cast<int>(it % heads);

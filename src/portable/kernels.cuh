@@ -30,7 +30,6 @@ struct GemmParams {
 struct InsertParams {
   const uint16_t* qkv;  // bf16 [M, N]
   int64_t m;
-  int32_t warp_rows;  // 1: a warp per (row, head); 0: a quad per (row, head), 8 rows per warp (plan.h)
   epi::EpilogueParams e;
 };
 struct QuantizeParams {
@@ -49,9 +48,11 @@ constexpr int kQuantizeThreads = 256;
 // head t % heads of row block t / heads.
 __global__ void m3qkv_portable_fused_kernel(const m3qkv::portable::FusedParams p);
 __global__ void m3qkv_portable_gemm_kernel(const m3qkv::portable::GemmParams p);
-// Grid-stride over (8-row group, head) items, one warp per item, a quad of
-// lanes per 128-value head row (epi::quad_row_epilogue); with p.warp_rows over
-// (row, head) items, a warp per head row (epi::warp_row_epilogue).
+// The insert's two lane layouts (plan.h insert_plan). Quad rows: grid-stride
+// over (8-row group, head) items, one warp per item, a quad of lanes per
+// 128-value head row (epi::quad_row_epilogue). Warp rows: over (row, head)
+// items, a warp per head row (epi::warp_row_epilogue).
 __global__ void m3qkv_portable_insert_kernel(const m3qkv::portable::InsertParams p);
+__global__ void m3qkv_portable_insert_warp_kernel(const m3qkv::portable::InsertParams p);
 // Grid-stride over (padded row, 32-value block) items.
 __global__ void m3qkv_portable_quantize_kernel(const m3qkv::portable::QuantizeParams p);

@@ -97,17 +97,20 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
 
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
   const portable::InsertPlan plan =
-      portable::insert_plan(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), dev.num_sms, a.grid,
+      portable::insert_plan(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), a.kv_cache_dtype == kCacheNvfp4, dev.num_sms,
+                            a.grid,
                             static_cast<portable::InsertLayout>(host::g_insert_layout.load(std::memory_order_relaxed)));
   const host::LaunchShape sh = shape(plan.grid, portable::kInsertThreads, 0, a.use_pdl, dev);
   host::timing_mark(host::Phase::kPlan);
   portable::InsertParams p;
   p.qkv = static_cast<const uint16_t*>(a.qkv);
   p.m = a.m;
-  p.warp_rows = plan.warp_rows ? 1 : 0;
   p.e = epi::make_epilogue_params(a);
-  const m3qkv_status st = host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_kernel",
-                                       m3qkv_portable_insert_kernel, sh, s, p);
+  const m3qkv_status st =
+      plan.warp_rows ? host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_warp_kernel",
+                                    m3qkv_portable_insert_warp_kernel, sh, s, p)
+                     : host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_kernel",
+                                    m3qkv_portable_insert_kernel, sh, s, p);
   host::timing_mark(host::Phase::kLaunch);
   return st;
 }
@@ -137,6 +140,7 @@ m3qkv_status portable_warmup(const DeviceInfo& dev) {
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_fused_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_gemm_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_kernel));
+  M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_warp_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_quantize_kernel));
   return M3QKV_SUCCESS;
 }

@@ -28,10 +28,13 @@ constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 toke
 // Warp rows (a warp per (row, head), 4 values per lane) while the problem
 // has at most this many head rows per SM: there a quad per row leaves the
 // GPU mostly idle and each row's serial chain (32 values per lane) is the
-// call's latency; above it the quad layout's 8x fewer instructions per row
-// matter more (the warp form repeats the norm sums in each of its 8 quads).
-// Measured on the H200 (bench/RESULTS.md, v11: insert_<fmt> forced each way).
-constexpr int64_t kInsertWarpRowsPerSm = 32;
+// call's latency; above it the quad layout's fewer instructions per row win
+// (the warp form repeats the norm sums in each of its 8 quads). The NVFP4
+// chain (group amax, scale, e2m1 encode) is longer, so NVFP4 KV caches keep
+// the warp layout to more rows. Read off the H200 (bench/RESULTS.md v11:
+// insert_<fmt>_quad / _warp, every TP x M).
+constexpr int64_t kInsertWarpRowsPerSmNvfp4 = 16;
+constexpr int64_t kInsertWarpRowsPerSmFlat = 8;  // FP8 / BF16 KV caches
 
 // Lane layout: automatic, or forced (tests and the bench: m3qkv_testing_insert_layout).
 enum class InsertLayout : int { kAuto = 0, kQuadRows = 1, kWarpRows = 2 };
@@ -42,10 +45,12 @@ struct InsertPlan {
   unsigned grid;
 };
 
-inline InsertPlan insert_plan(int64_t m, int heads, int num_sms, int32_t override_grid, InsertLayout layout) {
+inline InsertPlan insert_plan(int64_t m, int heads, bool kv_nvfp4, int num_sms, int32_t override_grid,
+                              InsertLayout layout) {
+  const int64_t per_sm = kv_nvfp4 ? kInsertWarpRowsPerSmNvfp4 : kInsertWarpRowsPerSmFlat;
   InsertPlan p;
   p.warp_rows = layout == InsertLayout::kWarpRows ||
-                (layout == InsertLayout::kAuto && m * heads <= static_cast<int64_t>(num_sms) * kInsertWarpRowsPerSm);
+                (layout == InsertLayout::kAuto && m * heads <= static_cast<int64_t>(num_sms) * per_sm);
   p.items = p.warp_rows ? m * heads : (m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;
   p.grid = plan_grid(p.items, kInsertThreads / 32, override_grid);
   return p;
