@@ -21,9 +21,9 @@
 //   insert_<fmt>         m3qkv_qknorm_rope_kv_insert alone on the bf16 qkv
 //                        (fmt = nvfp4, fp8, bf16), with counters bound_us =
 //                        1.5 · bytes / copy bandwidth + 2 µs (the issue-13
-//                        target) and x_bound = time / bound_us; beside each,
-//                        insert_<fmt>_quad / _warp with the lane layout forced
-//                        (quad rows / warp rows; the plan's threshold)
+//                        target) and x_bound = time / bound_us; beside each
+//                        (M <= 4096), insert_<fmt>_quad / _warp / _mixed with
+//                        the lane layout forced (the plan's thresholds)
 // plus copy_d2d (first, after the peaks): cudaMemcpyAsync device to device of
 // 1 GiB, whose bandwidth (bytes read + written) the insert bounds use (4.24 TB/s,
 // the 2026-12-01 H200 figure, when it is filtered out: counter copy_bw_assumed).
@@ -64,8 +64,8 @@
 // kernel.
 //
 // Run time: Google Benchmark sizes its runs by the *manual* time, i.e. per
-// call, while one iteration costs R calls of wall time; each benchmark
-// therefore gets MinTime(target / R), which makes every entry cost about
+// call, while one iteration costs U·R calls of wall time; each benchmark
+// therefore gets MinTime(target / (U·R)), which makes every entry cost about
 // 1.5 × target seconds of GPU time whatever its R or M (target =
 // M3QKV_BENCH_TARGET_S, default 0.3 s; per-benchmark MinTime overrides
 // --benchmark_min_time). The per-benchmark min_time would appear in the names
@@ -699,14 +699,16 @@ bool capture_pass(int r, int passes, Call& call, cudaGraphExec_t* exec) {
 // a + 3.5 µs / R with R = 4 ... 20 at small M) weighs < 0.06 µs on every
 // case, as in serving, where one graph holds a whole decode step.
 constexpr int kMinCallsPerIteration = 64;
+int passes_per_iteration(int r) { return std::max(1, (kMinCallsPerIteration + r - 1) / r); }
+int calls_per_iteration(int r) { return r * passes_per_iteration(r); }
 
 // Runs `call(i)` over the R sets U times per iteration between two events.
 // call returns an error string ("" on success).
 template <class Call>
 void timed_loop(benchmark::State& state, int r, double bytes, double flop, double traffic, Call&& call) {
   Device& d = dev();
-  const int passes = std::max(1, (kMinCallsPerIteration + r - 1) / r);
-  const int per_iter = r * passes;
+  const int passes = passes_per_iteration(r);
+  const int per_iter = calls_per_iteration(r);
   // Warm-up pass (module load, first-touch).
   for (int i = 0; i < r; ++i) {
     const std::string e = call(i);
@@ -823,8 +825,9 @@ void bench_copy(benchmark::State& state) {
 }
 
 // m3qkv_qknorm_rope_kv_insert alone on the set's bf16 qkv, caches of format fmt.
-// layout: 0 = the plan's lane layout (insert_<fmt>), 1 / 2 = quad rows / warp
-// rows forced (insert_<fmt>_quad / _warp: the plan's threshold is read off these).
+// layout: 0 = the plan's lane layout (insert_<fmt>), 1 / 2 / 3 = quad rows /
+// warp rows / mixed forced (insert_<fmt>_quad / _warp / _mixed, M <= 4096: the
+// plan's thresholds are read off these).
 void bench_insert(benchmark::State& state, int fmt, int layout = 0) {
   const Heads& h = arg_heads(state);
   const int64_t m = state.range(1);
@@ -1247,7 +1250,7 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
         ->ArgNames({"TP", "M"})
         ->UseManualTime()
         ->Unit(benchmark::kMicrosecond)
-        ->MinTime(target / case_rotation(h, m));
+        ->MinTime(target / calls_per_iteration(case_rotation(h, m)));
   };
   // The peaks first: ~1.6 / 0.9 ms per call, 0.5 s each so the clocks settle
   // under sustained load as they do in the large cases of the sweep.
@@ -1272,10 +1275,13 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
             [autok, f](benchmark::State& st) { bench_fused_fmt(st, autok, f); });
       for (int f = 0; f < kFormats; ++f) {
         add(std::string("insert_") + kFormatNames[f], h, m, [f](benchmark::State& st) { bench_insert(st, f); });
+        if (m > 4096) continue;  // the forced layouts where the plan's choice is read off
         add(std::string("insert_") + kFormatNames[f] + "_quad", h, m,
             [f](benchmark::State& st) { bench_insert(st, f, 1); });
         add(std::string("insert_") + kFormatNames[f] + "_warp", h, m,
             [f](benchmark::State& st) { bench_insert(st, f, 2); });
+        add(std::string("insert_") + kFormatNames[f] + "_mixed", h, m,
+            [f](benchmark::State& st) { bench_insert(st, f, 3); });
       }
 #if M3QKV_WITH_SM90
       if (sm90_variants)  // every TP: the decode/tile routing rule is read off these

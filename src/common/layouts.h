@@ -99,5 +99,11 @@ M3_HD HeadInfo head_info(int head, int nq, int nkv, int niq) {
   return {HeadKind::IndexK, head - niq};
 }
 M3_HD int total_heads(int nq, int nkv, int niq, int nik) { return nq + 2 * nkv + niq + nik; }
+// The heads with a cache row (k, v, index_k: 2·nkv + nik of them) and the
+// others (q, index_q: nq + niq), each numbered in head order.
+M3_HD int cache_heads(int nkv, int nik) { return 2 * nkv + nik; }
+M3_HD int query_heads(int nq, int niq) { return nq + niq; }
+M3_HD int cache_head(int c, int nq, int nkv, int niq) { return c < 2 * nkv ? nq + c : nq + niq + c; }
+M3_HD int query_head(int t, int nq, int nkv) { return t < nq ? t : t + 2 * nkv; }
 
 }  // namespace m3qkv

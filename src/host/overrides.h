@@ -9,7 +9,7 @@
 namespace m3qkv::host {
 
 // The standalone insert's lane layout: portable::InsertLayout (0 automatic,
-// 1 quad rows, 2 warp rows).
+// 1 quad rows, 2 warp rows, 3 mixed).
 extern std::atomic<int> g_insert_layout;
 
 }  // namespace m3qkv::host

@@ -20,6 +20,8 @@
 //    (row, head), 4 values per lane (epi::warp_row_epilogue): the per-row
 //    chain is ~8x shorter, which is what bounds the call when there are too
 //    few rows to fill the GPU.
+//  * mixed (NVFP4 KV above the warp-rows size; the quad kernel): the k / v /
+//    index_k heads in warp rows, the q / index_q heads in quad rows.
 //
 // Bytes one call must move (bench/RESULTS.md, "insert"): M·N·2 (qkv) + M·24
 // (position, slot, index slot) + M·128 (the cos/sin row) + the outputs
@@ -53,7 +55,9 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_warp_ker
 }
 
 // Quad rows: a warp-uniform loop over (8-row group, head), head fastest, so
-// the warps of a block read adjacent heads of the same rows.
+// the warps of a block read adjacent heads of the same rows. Mixed (p.mixed):
+// the (row, cache head) items first, in warp rows, then the (8-row group,
+// q / index_q head) items; the heavy items start first.
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(const InsertParams p) {
   griddepcontrol_wait();
   griddepcontrol_launch_dependents();
@@ -61,13 +65,24 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
   const int heads = total_heads(p.e.nq, p.e.nkv, p.e.niq, p.e.nik);
   const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
   constexpr int kWarps = kInsertThreads / 32;
-  const int64_t items = (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;
+  const int cache = cache_heads(p.e.nkv, p.e.nik);
+  const int64_t cache_items = p.mixed ? p.m * cache : 0;
+  const int quad_heads = p.mixed ? query_heads(p.e.nq, p.e.niq) : heads;
+  const int64_t items = cache_items + (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * quad_heads;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int q = lane % 4;
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int head = static_cast<int>(it % heads);
-    const int64_t row = it / heads * kInsertRowsPerWarp + lane / 4;
+    if (it < cache_items) {  // warp-uniform
+      const int head = cache_head(static_cast<int>(it % cache), p.e.nq, p.e.nkv, p.e.niq);
+      const int64_t row = it / cache;
+      epi::warp_row_epilogue(p.e, head, row, p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim);
+      continue;
+    }
+    const int64_t jt = it - cache_items;
+    const int hq = static_cast<int>(jt % quad_heads);
+    const int head = p.mixed ? query_head(hq, p.e.nq, p.e.nkv) : hq;
+    const int64_t row = jt / quad_heads * kInsertRowsPerWarp + lane / 4;
     const bool valid = row < p.m;
     const epi::QuadHead qh = epi::quad_head(p.e, head, q);
     const uint32_t* src = reinterpret_cast<const uint32_t*>(p.qkv + (valid ? row : 0) * n +

@@ -30,6 +30,7 @@ struct GemmParams {
 struct InsertParams {
   const uint16_t* qkv;  // bf16 [M, N]
   int64_t m;
+  int32_t mixed;  // quad kernel: 1 = the cache heads in warp rows first, then the others in quad rows (plan.h)
   epi::EpilogueParams e;
 };
 struct QuantizeParams {
@@ -50,7 +51,8 @@ __global__ void m3qkv_portable_fused_kernel(const m3qkv::portable::FusedParams p
 __global__ void m3qkv_portable_gemm_kernel(const m3qkv::portable::GemmParams p);
 // The insert's two lane layouts (plan.h insert_plan). Quad rows: grid-stride
 // over (8-row group, head) items, one warp per item, a quad of lanes per
-// 128-value head row (epi::quad_row_epilogue). Warp rows: over (row, head)
+// 128-value head row (epi::quad_row_epilogue); with p.mixed the cache heads
+// (row, head) items in warp rows come first. Warp rows: over (row, head)
 // items, a warp per head row (epi::warp_row_epilogue).
 __global__ void m3qkv_portable_insert_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_warp_kernel(const m3qkv::portable::InsertParams p);

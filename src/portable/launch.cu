@@ -96,21 +96,22 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
 }
 
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
-  const portable::InsertPlan plan =
-      portable::insert_plan(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), a.kv_cache_dtype == kCacheNvfp4, dev.num_sms,
-                            a.grid,
-                            static_cast<portable::InsertLayout>(host::g_insert_layout.load(std::memory_order_relaxed)));
+  const portable::InsertPlan plan = portable::insert_plan(
+      a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), cache_heads(a.nkv, a.nik), a.kv_cache_dtype == kCacheNvfp4,
+      dev.num_sms, a.grid, static_cast<portable::InsertLayout>(host::g_insert_layout.load(std::memory_order_relaxed)));
   const host::LaunchShape sh = shape(plan.grid, portable::kInsertThreads, 0, a.use_pdl, dev);
   host::timing_mark(host::Phase::kPlan);
   portable::InsertParams p;
   p.qkv = static_cast<const uint16_t*>(a.qkv);
   p.m = a.m;
+  p.mixed = plan.layout == portable::InsertLayout::kMixed ? 1 : 0;
   p.e = epi::make_epilogue_params(a);
   const m3qkv_status st =
-      plan.warp_rows ? host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_warp_kernel",
-                                    m3qkv_portable_insert_warp_kernel, sh, s, p)
-                     : host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_kernel",
-                                    m3qkv_portable_insert_kernel, sh, s, p);
+      plan.layout == portable::InsertLayout::kWarpRows
+          ? host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_warp_kernel",
+                         m3qkv_portable_insert_warp_kernel, sh, s, p)
+          : host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_kernel", m3qkv_portable_insert_kernel,
+                         sh, s, p);
   host::timing_mark(host::Phase::kLaunch);
   return st;
 }

@@ -25,33 +25,45 @@ inline unsigned plan_grid(int64_t items, int64_t per_block, int32_t override_gri
 // head) items, one item per warp, in one of two lane layouts.
 constexpr int kInsertThreads = 128;    // 4 warps
 constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 token rows, a quad per row
-// Warp rows (a warp per (row, head), 4 values per lane) while the problem
-// has at most this many head rows per SM: there a quad per row leaves the
-// GPU mostly idle and each row's serial chain (32 values per lane) is the
-// call's latency; above it the quad layout's fewer instructions per row win
-// (the warp form repeats the norm sums in each of its 8 quads). The NVFP4
-// chain (group amax, scale, e2m1 encode) is longer, so NVFP4 KV caches keep
-// the warp layout to more rows. Read off the H200 (bench/RESULTS.md v11:
-// insert_<fmt>_quad / _warp, every TP x M).
-constexpr int64_t kInsertWarpRowsPerSmNvfp4 = 16;
+// Lane layouts of the insert. Warp rows (a warp per (row, head), 4 values
+// per lane) while the problem has at most kInsertWarpRowsPerSm* head rows per
+// SM: there a quad per row leaves the GPU mostly idle and each row's serial
+// chain (32 values per lane) is the call's latency. Above it the quad
+// layout's fewer instructions per row win (the warp form repeats the norm
+// sums in each of its 8 quads), except for NVFP4 cache rows, whose chain
+// (group amax, scale, software e2m1 encode) makes the few k / v / index_k
+// warps the long pole of a quad-rows grid: with NVFP4 KV caches the mixed
+// layout gives the cache heads warp rows and the q / index_q heads quad rows.
+// Read off the H200 (bench/RESULTS.md v11: insert_<fmt>_quad / _warp /
+// _mixed, every TP x M).
+constexpr int64_t kInsertWarpRowsPerSmNvfp4 = 40;
 constexpr int64_t kInsertWarpRowsPerSmFlat = 8;  // FP8 / BF16 KV caches
 
 // Lane layout: automatic, or forced (tests and the bench: m3qkv_testing_insert_layout).
-enum class InsertLayout : int { kAuto = 0, kQuadRows = 1, kWarpRows = 2 };
+enum class InsertLayout : int { kAuto = 0, kQuadRows = 1, kWarpRows = 2, kMixed = 3 };
 
 struct InsertPlan {
-  bool warp_rows;
-  int64_t items;  // warps of work: (row, head) or (8-row group, head)
+  InsertLayout layout;  // never kAuto
+  int64_t cache_items;  // mixed: the (row, cache head) warp items, first
+  int64_t items;        // warps of work in all: (row, head) or (8-row group, head) items
   unsigned grid;
 };
 
-inline InsertPlan insert_plan(int64_t m, int heads, bool kv_nvfp4, int num_sms, int32_t override_grid,
+// heads = nq + 2·nkv + niq + nik, cache = 2·nkv + nik of them.
+inline InsertPlan insert_plan(int64_t m, int heads, int cache, bool kv_nvfp4, int num_sms, int32_t override_grid,
                               InsertLayout layout) {
   const int64_t per_sm = kv_nvfp4 ? kInsertWarpRowsPerSmNvfp4 : kInsertWarpRowsPerSmFlat;
   InsertPlan p;
-  p.warp_rows = layout == InsertLayout::kWarpRows ||
-                (layout == InsertLayout::kAuto && m * heads <= static_cast<int64_t>(num_sms) * per_sm);
-  p.items = p.warp_rows ? m * heads : (m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;
+  p.layout = layout;
+  if (layout == InsertLayout::kAuto)
+    p.layout = m * heads <= static_cast<int64_t>(num_sms) * per_sm ? InsertLayout::kWarpRows
+               : kv_nvfp4                                          ? InsertLayout::kMixed
+                                                                   : InsertLayout::kQuadRows;
+  const int64_t groups = (m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp;
+  p.cache_items = p.layout == InsertLayout::kMixed ? m * cache : 0;
+  p.items = p.layout == InsertLayout::kWarpRows ? m * heads
+            : p.layout == InsertLayout::kMixed  ? p.cache_items + groups * (heads - cache)
+                                                : groups * heads;
   p.grid = plan_grid(p.items, kInsertThreads / 32, override_grid);
   return p;
 }

@@ -135,3 +135,43 @@ TEST(HeadLayout, HandComputed) {
 }
 
 }  // namespace
+
+// cache_head / query_head number the k, v, index_k heads and the q, index_q
+// heads in head order; together they cover every head exactly once.
+TEST(HeadLayout, CacheAndQueryHeadsPartitionTheHeads) {
+  struct S { int nq, nkv, niq, nik; };
+  for (const S s : {S{16, 1, 1, 1}, S{32, 2, 2, 1}, S{64, 4, 4, 1}, S{8, 1, 1, 1}, S{16, 2, 0, 0}}) {
+    const int heads = m3qkv::total_heads(s.nq, s.nkv, s.niq, s.nik);
+    ASSERT_EQ(m3qkv::cache_heads(s.nkv, s.nik) + m3qkv::query_heads(s.nq, s.niq), heads);
+    std::vector<int> seen(size_t(heads), 0);
+    int prev = -1;
+    for (int c = 0; c < m3qkv::cache_heads(s.nkv, s.nik); ++c) {
+      const int h = m3qkv::cache_head(c, s.nq, s.nkv, s.niq);
+      ASSERT_GE(h, 0);
+      ASSERT_LT(h, heads);
+      EXPECT_GT(h, prev) << "head order";
+      prev = h;
+      const m3qkv::HeadKind k = m3qkv::head_info(h, s.nq, s.nkv, s.niq).kind;
+      EXPECT_TRUE(k == m3qkv::HeadKind::K || k == m3qkv::HeadKind::V || k == m3qkv::HeadKind::IndexK) << h;
+      ++seen[size_t(h)];
+    }
+    prev = -1;
+    for (int t = 0; t < m3qkv::query_heads(s.nq, s.niq); ++t) {
+      const int h = m3qkv::query_head(t, s.nq, s.nkv);
+      ASSERT_GE(h, 0);
+      ASSERT_LT(h, heads);
+      EXPECT_GT(h, prev) << "head order";
+      prev = h;
+      const m3qkv::HeadKind k = m3qkv::head_info(h, s.nq, s.nkv, s.niq).kind;
+      EXPECT_TRUE(k == m3qkv::HeadKind::Q || k == m3qkv::HeadKind::IndexQ) << h;
+      ++seen[size_t(h)];
+    }
+    for (int h = 0; h < heads; ++h) EXPECT_EQ(seen[size_t(h)], 1) << "head " << h;
+  }
+  // TP4 by hand: heads [q0..q15 | k 16 | v 17 | iq 18 | ik 19].
+  EXPECT_EQ(m3qkv::cache_head(0, 16, 1, 1), 16);
+  EXPECT_EQ(m3qkv::cache_head(1, 16, 1, 1), 17);
+  EXPECT_EQ(m3qkv::cache_head(2, 16, 1, 1), 19);
+  EXPECT_EQ(m3qkv::query_head(15, 16, 1), 15);
+  EXPECT_EQ(m3qkv::query_head(16, 16, 1), 18);
+}

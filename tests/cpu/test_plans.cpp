@@ -33,43 +33,54 @@ TEST(PortablePlan, OverrideIsClampedToTheWorkItems) {
   EXPECT_EQ(m3qkv::portable::plan_grid(140, 128, 1), 1u);
 }
 
-// The insert's lane layout: warp rows up to 16 (NVFP4 KV) or 8 (FP8 / BF16
-// KV) head rows per SM, quad rows above; each layout's work items; forced
-// layouts and the grid override honoured. Hand-worked for a 132-SM H200:
-// 132 · 16 = 2112 and 132 · 8 = 1056 head rows.
+// The insert's lane layout: warp rows up to 40 (NVFP4 KV) or 8 (FP8 / BF16
+// KV) head rows per SM; above, mixed (NVFP4 KV) or quad rows; each layout's
+// work items; forced layouts and the grid override honoured. Hand-worked for
+// a 132-SM H200: 132 · 40 = 5280 and 132 · 8 = 1056 head rows.
 TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   using m3qkv::portable::InsertLayout;
   using m3qkv::portable::insert_plan;
-  static_assert(m3qkv::portable::kInsertWarpRowsPerSmNvfp4 == 16 && m3qkv::portable::kInsertWarpRowsPerSmFlat == 8,
-                "the cases below are worked for 16 and 8");
-  // TP4: 20 heads. M = 1: 20 warps in 5 CTAs of 4.
-  auto p = insert_plan(1, 20, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_TRUE(p.warp_rows);
+  static_assert(m3qkv::portable::kInsertWarpRowsPerSmNvfp4 == 40 && m3qkv::portable::kInsertWarpRowsPerSmFlat == 8,
+                "the cases below are worked for 40 and 8");
+  // TP4: 20 heads, 3 with a cache row. M = 1: 20 warps in 5 CTAs of 4.
+  auto p = insert_plan(1, 20, 3, true, 132, 0, InsertLayout::kAuto);
+  EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
   EXPECT_EQ(p.items, 20);
+  EXPECT_EQ(p.cache_items, 0);
   EXPECT_EQ(p.grid, 5u);
-  // NVFP4: M = 105 -> 2100 head rows, warp rows; M = 106 -> 2120, quad rows (14 row groups x 20 heads).
-  EXPECT_TRUE(insert_plan(105, 20, true, 132, 0, InsertLayout::kAuto).warp_rows);
-  p = insert_plan(106, 20, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_FALSE(p.warp_rows);
-  EXPECT_EQ(p.items, 14 * 20);
-  EXPECT_EQ(p.grid, 70u);
-  // FP8 / BF16: M = 52 -> 1040 (warp), 53 -> 1060 (quad).
-  EXPECT_TRUE(insert_plan(52, 20, false, 132, 0, InsertLayout::kAuto).warp_rows);
-  EXPECT_FALSE(insert_plan(53, 20, false, 132, 0, InsertLayout::kAuto).warp_rows);
-  // TP1: 77 heads; NVFP4 M = 27 -> 2079 (warp), 28 -> 2156 (quad). Fewer SMs move the edge.
-  EXPECT_TRUE(insert_plan(27, 77, true, 132, 0, InsertLayout::kAuto).warp_rows);
-  EXPECT_FALSE(insert_plan(28, 77, true, 132, 0, InsertLayout::kAuto).warp_rows);
-  EXPECT_FALSE(insert_plan(27, 77, true, 100, 0, InsertLayout::kAuto).warp_rows);
-  // Forced either way at any size.
-  p = insert_plan(16384, 20, false, 132, 0, InsertLayout::kWarpRows);
-  EXPECT_TRUE(p.warp_rows);
+  // NVFP4: M = 264 -> 5280 head rows, warp rows; M = 265 -> mixed: 265 · 3 = 795
+  // cache-row items, then 34 row groups x 17 q / index_q heads = 578: 1373 items, 344 CTAs.
+  EXPECT_EQ(insert_plan(264, 20, 3, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
+  p = insert_plan(265, 20, 3, true, 132, 0, InsertLayout::kAuto);
+  EXPECT_EQ(p.layout, InsertLayout::kMixed);
+  EXPECT_EQ(p.cache_items, 795);
+  EXPECT_EQ(p.items, 795 + 34 * 17);
+  EXPECT_EQ(p.grid, 344u);
+  // FP8 / BF16: M = 52 -> 1040 (warp rows), 53 -> quad rows: 7 row groups x 20 heads.
+  EXPECT_EQ(insert_plan(52, 20, 3, false, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
+  p = insert_plan(53, 20, 3, false, 132, 0, InsertLayout::kAuto);
+  EXPECT_EQ(p.layout, InsertLayout::kQuadRows);
+  EXPECT_EQ(p.items, 7 * 20);
+  EXPECT_EQ(p.cache_items, 0);
+  EXPECT_EQ(p.grid, 35u);
+  // TP1: 77 heads; NVFP4 M = 68 -> 5236 (warp), 69 -> 5313 (mixed). Fewer SMs move the edge.
+  EXPECT_EQ(insert_plan(68, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
+  EXPECT_EQ(insert_plan(69, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kMixed);
+  EXPECT_EQ(insert_plan(68, 77, 9, true, 100, 0, InsertLayout::kAuto).layout, InsertLayout::kMixed);
+  // Forced at any size.
+  p = insert_plan(16384, 20, 3, false, 132, 0, InsertLayout::kWarpRows);
+  EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
   EXPECT_EQ(p.items, 16384 * 20);
-  p = insert_plan(1, 20, true, 132, 0, InsertLayout::kQuadRows);
-  EXPECT_FALSE(p.warp_rows);
+  p = insert_plan(1, 20, 3, true, 132, 0, InsertLayout::kQuadRows);
+  EXPECT_EQ(p.layout, InsertLayout::kQuadRows);
   EXPECT_EQ(p.items, 20);
+  p = insert_plan(1, 20, 3, false, 132, 0, InsertLayout::kMixed);
+  EXPECT_EQ(p.layout, InsertLayout::kMixed);
+  EXPECT_EQ(p.cache_items, 3);
+  EXPECT_EQ(p.items, 3 + 17);
   // The grid override clamps as plan_grid does.
-  EXPECT_EQ(insert_plan(1, 20, true, 132, 3, InsertLayout::kAuto).grid, 3u);
-  EXPECT_EQ(insert_plan(1, 20, true, 132, INT32_MAX, InsertLayout::kAuto).grid, 5u);
+  EXPECT_EQ(insert_plan(1, 20, 3, true, 132, 3, InsertLayout::kAuto).grid, 3u);
+  EXPECT_EQ(insert_plan(1, 20, 3, true, 132, INT32_MAX, InsertLayout::kAuto).grid, 5u);
 }
 
 TEST(PortablePlan, GemmTiles) {

@@ -125,8 +125,10 @@ void golden_insert(const Problem& p, const uint16_t* qkv, HostOutputs* o);
 // The standalone insert's lane layouts (portable/plan.h InsertLayout), forced
 // for one scope through m3qkv_testing_insert_layout; the destructor restores
 // the plan's choice. Tests of the insert run each in turn.
-constexpr int kInsertQuadRows = 1, kInsertWarpRows = 2;
-inline const char* insert_layout_name(int layout) { return layout == kInsertWarpRows ? "warp rows" : "quad rows"; }
+constexpr int kInsertQuadRows = 1, kInsertWarpRows = 2, kInsertMixed = 3;
+inline const char* insert_layout_name(int layout) {
+  return layout == kInsertWarpRows ? "warp rows" : layout == kInsertMixed ? "mixed" : "quad rows";
+}
 class InsertLayoutScope {
  public:
   explicit InsertLayoutScope(int layout);

@@ -3,7 +3,7 @@
 //   compute-sanitizer --tool racecheck m3qkv_gpu_tests --gtest_filter='*Sanitizer*'
 // One M = 129 TP8 problem (a full 128-row tile plus a 1-row tail) through
 // every entry point, with skipped and out-of-range slots and positions so the
-// guard paths run too; the insert in both of its lane layouts. The tests also check the bytes, so they are useful
+// guard paths run too; the insert in each of its lane layouts. The tests also check the bytes, so they are useful
 // without the sanitizer; they are kept small so the sanitizer finishes fast.
 #include <gtest/gtest.h>
 
@@ -158,9 +158,9 @@ TEST(GpuSanitizer, UnfusedTP8M129) {
   HostOutputs want = poisoned_host_outputs(p, 1);
   golden_insert(p, want_qkv.data(), &want);
   expect_same_outputs(p, want, got, "sanitizer insert");
-  // The plan gives warp rows here (1548 head rows); the other lane layout too.
-  {
-    InsertLayoutScope forced(kInsertQuadRows);
+  // The plan gives warp rows here (1548 head rows); the other lane layouts too.
+  for (int layout : {kInsertQuadRows, kInsertMixed}) {
+    InsertLayoutScope forced(layout);
     DeviceOutputs d2;
     CUDA_OK(d2.init(p, 1));
     m3qkv_insert_args a2 = p.insert_args_with(in.mapper(), qkv.payload(), d2.ptrs());
@@ -169,7 +169,7 @@ TEST(GpuSanitizer, UnfusedTP8M129) {
     CUDA_OK(cudaDeviceSynchronize());
     Fetched got2;
     CUDA_OK(fetch_outputs(d2, &got2));
-    expect_same_outputs(p, want, got2, "sanitizer insert, quad rows");
+    expect_same_outputs(p, want, got2, std::string("sanitizer insert, ") + insert_layout_name(layout));
   }
 }
 

@@ -4,7 +4,8 @@
 //    bf16_rn(f64 reference);
 //  - m3qkv_qknorm_rope_kv_insert: bit-exact vs golden::insert on random bf16
 //    projections (zero rows, saturating rows, skipped / out-of-range slots),
-//    in the plan's lane layout and in each one forced (quad rows, warp rows);
+//    in the plan's lane layout and in each one forced (quad rows, warp rows,
+//    mixed);
 //  - m3qkv_mxfp8_quantize: bit-exact vs golden::mxfp8_quantize on random
 //    bf16 incl. zero rows and extreme values (padding scale rows included);
 //  - the unfused pair gemm -> insert with PDL equals the golden composition.
@@ -218,9 +219,9 @@ TEST_P(GpuInsert, BitExactVsGoldenInsert) {
   CUDA_OK(in.upload(p));
   M3QKV_ALLOC(dqkv, qkv.size() * 2);
   CUDA_OK(dqkv.upload(qkv));
-  for (int run = 0; run < 6; ++run) {
+  for (int run = 0; run < 8; ++run) {
     // The plan's layout with and without PDL, then each layout forced, both salts.
-    const int layout = run < 2 ? 0 : run < 4 ? kInsertQuadRows : kInsertWarpRows;
+    const int layout = run < 2 ? 0 : run < 4 ? kInsertQuadRows : run < 6 ? kInsertWarpRows : kInsertMixed;
     const int salt = run % 2, pdl = run < 2 ? run : 1;
     {
       InsertLayoutScope forced(layout);
