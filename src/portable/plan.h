@@ -25,19 +25,23 @@ inline unsigned plan_grid(int64_t items, int64_t per_block, int32_t override_gri
 // head) items, one item per warp, in one of two lane layouts.
 constexpr int kInsertThreads = 128;    // 4 warps
 constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 token rows, a quad per row
-// Lane layouts of the insert. Warp rows (a warp per (row, head), 4 values
-// per lane) while the problem has at most kInsertWarpRowsPerSm* head rows per
-// SM: there a quad per row leaves the GPU mostly idle and each row's serial
-// chain (32 values per lane) is the call's latency. Above it the quad
-// layout's fewer instructions per row win (the warp form repeats the norm
-// sums in each of its 8 quads), except for NVFP4 cache rows, whose chain
-// (group amax, scale, software e2m1 encode) makes the few k / v / index_k
-// warps the long pole of a quad-rows grid: with NVFP4 KV caches the mixed
-// layout gives the cache heads warp rows and the q / index_q heads quad rows.
-// Read off the H200 (bench/RESULTS.md v11: insert_<fmt>_quad / _warp /
-// _mixed, every TP x M).
-constexpr int64_t kInsertWarpRowsPerSmNvfp4 = 40;
-constexpr int64_t kInsertWarpRowsPerSmFlat = 8;  // FP8 / BF16 KV caches
+// Lane layouts of the insert, read off the H200 (bench/RESULTS.md v11:
+// insert_<fmt>_quad / _warp / _mixed forced, every TP x M to 2048):
+//  * warp rows (a warp per (row, head), 4 values per lane) for FP8 / BF16 KV
+//    up to kInsertWarpRowsPerSmFlat head rows per SM: there a quad per row
+//    leaves the GPU mostly idle and each row's serial chain (32 values per
+//    lane) is the call's latency (TP4 M = 1: 1.88 against 2.16 µs). Above,
+//    the quad layout's fewer instructions per row win (the warp form repeats
+//    the norm sums in each of its 8 quads): quad rows.
+//  * NVFP4 KV: the cache rows' chain (group amax, scale, software e2m1
+//    encode) makes the few k / v / index_k warps the long pole of a quad
+//    grid (TP4 M = 512: 6.2 µs against FP8's 4.2). Mixed (cache heads in warp
+//    rows first, q / index_q in quad rows) up to kInsertMixedRowsPerSmNvfp4
+//    head rows per SM (TP4 M = 512: 4.7 µs; M = 1: as fast as warp rows);
+//    above, the warp rows' extra instructions cost more than the imbalance
+//    and quad rows win again (TP1 M = 512: 12.5 against 13.2 µs).
+constexpr int64_t kInsertWarpRowsPerSmFlat = 12;
+constexpr int64_t kInsertMixedRowsPerSmNvfp4 = 160;
 
 // Lane layout: automatic, or forced (tests and the bench: m3qkv_testing_insert_layout).
 enum class InsertLayout : int { kAuto = 0, kQuadRows = 1, kWarpRows = 2, kMixed = 3 };
@@ -52,16 +56,20 @@ struct InsertPlan {
 // heads = nq + 2·nkv + niq + nik, cache = 2·nkv + nik of them.
 inline InsertPlan insert_plan(int64_t m, int heads, int cache, bool kv_nvfp4, int num_sms, int32_t override_grid,
                               InsertLayout layout) {
-  const int64_t per_sm = kv_nvfp4 ? kInsertWarpRowsPerSmNvfp4 : kInsertWarpRowsPerSmFlat;
+  const int64_t rows = m * heads;
   InsertPlan p;
   p.layout = layout;
-  if (layout == InsertLayout::kAuto)
-    p.layout = m * heads <= static_cast<int64_t>(num_sms) * per_sm ? InsertLayout::kWarpRows
-               : kv_nvfp4                                          ? InsertLayout::kMixed
-                                                                   : InsertLayout::kQuadRows;
+  if (layout == InsertLayout::kAuto) {
+    if (kv_nvfp4)
+      p.layout = rows <= static_cast<int64_t>(num_sms) * kInsertMixedRowsPerSmNvfp4 ? InsertLayout::kMixed
+                                                                                     : InsertLayout::kQuadRows;
+    else
+      p.layout = rows <= static_cast<int64_t>(num_sms) * kInsertWarpRowsPerSmFlat ? InsertLayout::kWarpRows
+                                                                                   : InsertLayout::kQuadRows;
+  }
   const int64_t groups = (m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp;
   p.cache_items = p.layout == InsertLayout::kMixed ? m * cache : 0;
-  p.items = p.layout == InsertLayout::kWarpRows ? m * heads
+  p.items = p.layout == InsertLayout::kWarpRows ? rows
             : p.layout == InsertLayout::kMixed  ? p.cache_items + groups * (heads - cache)
                                                 : groups * heads;
   p.grid = plan_grid(p.items, kInsertThreads / 32, override_grid);

@@ -33,40 +33,50 @@ TEST(PortablePlan, OverrideIsClampedToTheWorkItems) {
   EXPECT_EQ(m3qkv::portable::plan_grid(140, 128, 1), 1u);
 }
 
-// The insert's lane layout: warp rows up to 40 (NVFP4 KV) or 8 (FP8 / BF16
-// KV) head rows per SM; above, mixed (NVFP4 KV) or quad rows; each layout's
-// work items; forced layouts and the grid override honoured. Hand-worked for
-// a 132-SM H200: 132 · 40 = 5280 and 132 · 8 = 1056 head rows.
+// The insert's lane layout: FP8 / BF16 KV: warp rows up to 12 head rows per
+// SM, quad rows above; NVFP4 KV: mixed up to 160, quad rows above; each
+// layout's work items; forced layouts and the grid override honoured.
+// Hand-worked for a 132-SM H200: 132 · 12 = 1584 and 132 · 160 = 21120.
 TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   using m3qkv::portable::InsertLayout;
   using m3qkv::portable::insert_plan;
-  static_assert(m3qkv::portable::kInsertWarpRowsPerSmNvfp4 == 40 && m3qkv::portable::kInsertWarpRowsPerSmFlat == 8,
-                "the cases below are worked for 40 and 8");
-  // TP4: 20 heads, 3 with a cache row. M = 1: 20 warps in 5 CTAs of 4.
-  auto p = insert_plan(1, 20, 3, true, 132, 0, InsertLayout::kAuto);
+  static_assert(m3qkv::portable::kInsertWarpRowsPerSmFlat == 12 &&
+                    m3qkv::portable::kInsertMixedRowsPerSmNvfp4 == 160,
+                "the cases below are worked for 12 and 160");
+  // TP4: 20 heads, 3 with a cache row. FP8 M = 1: 20 warps in 5 CTAs of 4.
+  auto p = insert_plan(1, 20, 3, false, 132, 0, InsertLayout::kAuto);
   EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
   EXPECT_EQ(p.items, 20);
   EXPECT_EQ(p.cache_items, 0);
   EXPECT_EQ(p.grid, 5u);
-  // NVFP4: M = 264 -> 5280 head rows, warp rows; M = 265 -> mixed: 265 · 3 = 795
-  // cache-row items, then 34 row groups x 17 q / index_q heads = 578: 1373 items, 344 CTAs.
-  EXPECT_EQ(insert_plan(264, 20, 3, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
-  p = insert_plan(265, 20, 3, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kMixed);
-  EXPECT_EQ(p.cache_items, 795);
-  EXPECT_EQ(p.items, 795 + 34 * 17);
-  EXPECT_EQ(p.grid, 344u);
-  // FP8 / BF16: M = 52 -> 1040 (warp rows), 53 -> quad rows: 7 row groups x 20 heads.
-  EXPECT_EQ(insert_plan(52, 20, 3, false, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
-  p = insert_plan(53, 20, 3, false, 132, 0, InsertLayout::kAuto);
+  // FP8 / BF16: M = 79 -> 1580 head rows (warp rows), 80 -> 1600: quad rows, 10 row groups x 20 heads.
+  EXPECT_EQ(insert_plan(79, 20, 3, false, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
+  p = insert_plan(80, 20, 3, false, 132, 0, InsertLayout::kAuto);
   EXPECT_EQ(p.layout, InsertLayout::kQuadRows);
-  EXPECT_EQ(p.items, 7 * 20);
+  EXPECT_EQ(p.items, 10 * 20);
   EXPECT_EQ(p.cache_items, 0);
-  EXPECT_EQ(p.grid, 35u);
-  // TP1: 77 heads; NVFP4 M = 68 -> 5236 (warp), 69 -> 5313 (mixed). Fewer SMs move the edge.
-  EXPECT_EQ(insert_plan(68, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
-  EXPECT_EQ(insert_plan(69, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kMixed);
-  EXPECT_EQ(insert_plan(68, 77, 9, true, 100, 0, InsertLayout::kAuto).layout, InsertLayout::kMixed);
+  EXPECT_EQ(p.grid, 50u);
+  // NVFP4 M = 1: mixed, 3 cache-row items then 1 row group x 17 q / index_q heads.
+  p = insert_plan(1, 20, 3, true, 132, 0, InsertLayout::kAuto);
+  EXPECT_EQ(p.layout, InsertLayout::kMixed);
+  EXPECT_EQ(p.cache_items, 3);
+  EXPECT_EQ(p.items, 3 + 17);
+  EXPECT_EQ(p.grid, 5u);
+  // NVFP4 M = 1056 -> 21120 head rows: mixed, 3168 + 132 row groups x 17 = 5412 items, 1353 CTAs;
+  // M = 1057: quad rows.
+  p = insert_plan(1056, 20, 3, true, 132, 0, InsertLayout::kAuto);
+  EXPECT_EQ(p.layout, InsertLayout::kMixed);
+  EXPECT_EQ(p.cache_items, 3168);
+  EXPECT_EQ(p.items, 3168 + 132 * 17);
+  EXPECT_EQ(p.grid, 1353u);
+  EXPECT_EQ(insert_plan(1057, 20, 3, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
+  // TP1: 77 heads, 9 cache heads. FP8 M = 20 -> 1540 (warp), 21 -> 1617 (quad);
+  // NVFP4 M = 274 -> 21098 (mixed), 275 -> 21175 (quad). Fewer SMs move the edges.
+  EXPECT_EQ(insert_plan(20, 77, 9, false, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
+  EXPECT_EQ(insert_plan(21, 77, 9, false, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
+  EXPECT_EQ(insert_plan(20, 77, 9, false, 100, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
+  EXPECT_EQ(insert_plan(274, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kMixed);
+  EXPECT_EQ(insert_plan(275, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
   // Forced at any size.
   p = insert_plan(16384, 20, 3, false, 132, 0, InsertLayout::kWarpRows);
   EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
@@ -77,10 +87,9 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   p = insert_plan(1, 20, 3, false, 132, 0, InsertLayout::kMixed);
   EXPECT_EQ(p.layout, InsertLayout::kMixed);
   EXPECT_EQ(p.cache_items, 3);
-  EXPECT_EQ(p.items, 3 + 17);
   // The grid override clamps as plan_grid does.
-  EXPECT_EQ(insert_plan(1, 20, 3, true, 132, 3, InsertLayout::kAuto).grid, 3u);
-  EXPECT_EQ(insert_plan(1, 20, 3, true, 132, INT32_MAX, InsertLayout::kAuto).grid, 5u);
+  EXPECT_EQ(insert_plan(1, 20, 3, false, 132, 3, InsertLayout::kAuto).grid, 3u);
+  EXPECT_EQ(insert_plan(1, 20, 3, false, 132, INT32_MAX, InsertLayout::kAuto).grid, 5u);
 }
 
 TEST(PortablePlan, GemmTiles) {

@@ -158,8 +158,8 @@ TEST(GpuSanitizer, UnfusedTP8M129) {
   HostOutputs want = poisoned_host_outputs(p, 1);
   golden_insert(p, want_qkv.data(), &want);
   expect_same_outputs(p, want, got, "sanitizer insert");
-  // The plan gives warp rows here (1548 head rows); the other lane layouts too.
-  for (int layout : {kInsertQuadRows, kInsertMixed}) {
+  // The plan gives the mixed layout here (NVFP4 KV, 1548 head rows); the other lane layouts too.
+  for (int layout : {kInsertQuadRows, kInsertWarpRows}) {
     InsertLayoutScope forced(layout);
     DeviceOutputs d2;
     CUDA_OK(d2.init(p, 1));
