@@ -1,10 +1,15 @@
-// The SPEC §3 epilogue of one (token row, head) held by a whole WARP, on a
-// bf16 head row in global memory: the standalone insert's form for small M.
-// The quad form (epilogue_quad.cuh) gives each lane 32 values; at M ≤ ~64 a
-// warp then holds only a few rows and each lane's serial chain of 32 values
-// (norm, RoPE, encode; for NVFP4 eight group scales) is the kernel's
-// critical path with nothing to hide it (bench/RESULTS.md, issue 13). Here
-// each lane holds 4 values, and a row's chain is ~8x shorter. Device only.
+// The SPEC §3 epilogue of one (token row, head) held by a whole WARP: the
+// form for few rows (the standalone insert at small M, the split-K decode
+// kernels' last arriver when its token block has at most one row per warp).
+// The quad form (epilogue_quad.cuh) gives each lane 32 values; with few rows
+// each lane's serial chain of 32 values (norm, RoPE, encode; for NVFP4 eight
+// group scales) is the kernel's critical path with nothing to hide it
+// (bench/RESULTS.md, issue 13). Here each lane holds 4 values, and a row's
+// chain is ~8x shorter. Device only. The row comes from the caller's source
+// `src`: src.load(c) reads columns c, c + 1 (c even) as a Word, and
+// Src::unpack(word) gives them as f32 (Bf16Row: a bf16 row in global memory,
+// kept packed until used; the decode kernels: their f32 tile in shared
+// memory, splitk::TileRow).
 //
 // Warp layout: lane l = 4k + q (k = l / 4, q = l % 4) holds the quad layout's
 // units j = k and j = k + 8 of lane q: columns 8k + 2q + b in y[b] and
@@ -38,23 +43,34 @@
 namespace m3qkv {
 namespace epi {
 
-// The epilogue of token `row` for head `head`, its 128 bf16 inputs at `src`
-// (4-B aligned). Called by every lane of the warp for the same (row, head).
-__device__ __forceinline__ void warp_row_epilogue(const EpilogueParams& e, int head, int64_t row,
-                                                  const uint16_t* src) {
+// A head row of 128 bf16 in global memory (4-B aligned) as warp_row_epilogue's source.
+struct Bf16Row {
+  using Word = uint32_t;  // two bf16: 16 registers for the quad-layout view, not 32
+  const uint16_t* row;
+  // As a word index (c / 2): simpler addresses than row + c (the insert kernels: 88 / 56 registers, not 102 / 63).
+  __device__ __forceinline__ Word load(int c) const { return reinterpret_cast<const uint32_t*>(row)[c / 2]; }
+  __device__ __forceinline__ static float2 unpack(Word w) {
+    return make_float2(bf16_to_f32(static_cast<uint16_t>(w & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(w >> 16)));
+  }
+};
+
+// The epilogue of token `row` for head `head`, its 128 values from `src`.
+// Called by every lane of the warp for the same (row, head).
+template <class Src>
+__device__ __forceinline__ void warp_row_epilogue(const EpilogueParams& e, int head, int64_t row, const Src& src) {
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int q = lane % 4;
   const HeadInfo hi = head_info(head, e.nq, e.nkv, e.niq);
   const HeadKind kind = hi.kind;
   const bool norm = kind != HeadKind::V;
-  const uint32_t* src_w = reinterpret_cast<const uint32_t*>(src);  // word i = columns 2i, 2i + 1
 
-  // Round 1: the lane's two words, the quad-layout words of the sums, the
+  // Round 1: the lane's two pairs, the quad-layout pairs of the sums, the
   // norm weights, and (row_inputs) the slot and position.
-  const uint32_t w0 = src_w[lane], w1 = src_w[32 + lane];
-  uint32_t qw[kHeadDim / 8];
+  using Word = typename Src::Word;
+  const Word w0 = src.load(2 * lane), w1 = src.load(kHeadDim / 2 + 2 * lane);
+  Word qw[kHeadDim / 8];
 #pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) qw[j] = norm ? src_w[4 * j + q] : 0u;
+  for (int j = 0; j < kHeadDim / 8; ++j) qw[j] = norm ? src.load(8 * j + 2 * q) : Word{};
   const uint32_t* wt = reinterpret_cast<const uint32_t*>(norm_weight(e, kind));
   const uint32_t nw0 = norm ? wt[lane] : 0u, nw1 = norm ? wt[32 + lane] : 0u;
   const RowInputs in = row_inputs(e, hi, row, true);
@@ -63,16 +79,15 @@ __device__ __forceinline__ void warp_row_epilogue(const EpilogueParams& e, int h
   const uint32_t cw = norm ? cs_w[lane % 16] : 0u, sw = norm ? cs_w[kRopeHalf / 2 + lane % 16] : 0u;
   const RowDest d = row_dest(e, hi, in, true);
 
-  float y[4] = {bf16_to_f32(static_cast<uint16_t>(w0 & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(w0 >> 16)),
-                bf16_to_f32(static_cast<uint16_t>(w1 & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(w1 >> 16))};
+  const float2 v0 = Src::unpack(w0), v1 = Src::unpack(w1);
+  float y[4] = {v0.x, v0.y, v1.x, v1.y};
   if (norm) {
     float s = 0.0f;  // s_q: class q's columns 8j + 2q + b in ascending order
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
-      const float a = bf16_to_f32(static_cast<uint16_t>(qw[j] & 0xffffu));
-      const float b = bf16_to_f32(static_cast<uint16_t>(qw[j] >> 16));
-      s = fma_rn(a, a, s);
-      s = fma_rn(b, b, s);
+      const float2 v = Src::unpack(qw[j]);
+      s = fma_rn(v.x, v.x, s);
+      s = fma_rn(v.y, v.y, s);
     }
     const float r = rms_inv(quad_lane(s, 0), quad_lane(s, 1), quad_lane(s, 2), quad_lane(s, 3), e.eps);
     y[0] = rms_apply(y[0], r, bf16_to_f32(static_cast<uint16_t>(nw0 & 0xffffu)));

@@ -3,7 +3,8 @@
 // f32 partial [nt][128] (already in a shared-memory tile T) goes to its
 // workspace slot, the unit counts itself on its (head, token block) counter,
 // and the unit that arrives last sums the S partials in the fixed order
-// s = 0, 1, ..., S-1 and runs the SPEC §3 epilogue (epi::quad_row_epilogue).
+// s = 0, 1, ..., S-1 and runs the SPEC §3 epilogue (epi::warp_row_epilogue
+// for blocks of at most one row per warp, else epi::quad_row_epilogue).
 // Plan and unit numbering: src/common/splitk_plan.h.
 //
 // Why the bytes are the same run to run: the sum of a (head, token block) is
@@ -14,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "common/epilogue_quad.cuh"
+#include "common/epilogue_warp.cuh"
 #include "common/numerics.h"
 #include "common/splitk_plan.h"
 #include "ptx/sm90_extra.cuh"  // bar_sync
@@ -27,6 +28,16 @@ constexpr int kHeadCols = 128;  // columns of a head row (= weight rows of a uni
 // (row) bits 0-1, so the epilogue's quad reads (8 tokens × the same columns
 // per warp) and the float4 row accesses are free of bank conflicts.
 M3_HD int tile_index(int n, int c) { return n * kHeadCols + (c ^ ((n & 3) << 3)); }
+
+// Row n of T as epi::warp_row_epilogue's source (column pairs stay adjacent
+// and 8-B aligned under the swizzle).
+struct TileRow {
+  using Word = float2;
+  const float* T;
+  int n;
+  __device__ __forceinline__ Word load(int c) const { return *reinterpret_cast<const float2*>(T + tile_index(n, c)); }
+  __device__ __forceinline__ static float2 unpack(Word w) { return w; }
+};
 
 // Called by the kThreads threads of the group (t = 0 .. kThreads-1; whole
 // warps, t % 32 = lane) after T holds the unit's partial and the group met at
@@ -108,7 +119,25 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
       ptx::bar_sync(kBarrier, kThreads);
     }
   }
-  if (last) {
+  if (last && mt <= kThreads / 32) {
+    // Epilogue of a block with at most one token row per warp (decode at
+    // small M): warp t/32 takes row t/32 (epi::warp_row_epilogue, 4 values
+    // per lane). The quad form below would give one quad the row's whole
+    // 32-value chains while the other lanes idle: the last arriver's tail,
+    // which is the kernel's.
+    const int n = t / 32;
+    if (n < mt) {  // warp-uniform
+      const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
+      const TileRow src{T, n};
+      if (p.acc_tap != nullptr) {
+        const int lane = t % 32;
+        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(w.head) * kHeadCols;
+        *reinterpret_cast<float2*>(dst + 2 * lane) = src.load(2 * lane);
+        *reinterpret_cast<float2*>(dst + kHeadCols / 2 + 2 * lane) = src.load(kHeadCols / 2 + 2 * lane);
+      }
+      epi::warp_row_epilogue(p.epi, w.head, row, src);
+    }
+  } else if (last) {
     // Epilogue: quad t/4 takes token rows t/4, t/4 + kThreads/4, ...; lane q
     // holds columns 8j + 2q + b in y[2j + b] (epi::quad_row_epilogue's layout).
     const epi::QuadHead head = epi::quad_head(p.epi, w.head, q);

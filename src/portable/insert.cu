@@ -50,7 +50,8 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_warp_ker
        it += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int head = static_cast<int>(it % heads);
     const int64_t row = it / heads;
-    epi::warp_row_epilogue(p.e, head, row, p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim);
+    const epi::Bf16Row src{p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim};
+    epi::warp_row_epilogue(p.e, head, row, src);
   }
 }
 
@@ -76,7 +77,8 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
     if (it < cache_items) {  // warp-uniform
       const int head = cache_head(static_cast<int>(it % cache), p.e.nq, p.e.nkv, p.e.niq);
       const int64_t row = it / cache;
-      epi::warp_row_epilogue(p.e, head, row, p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim);
+      const epi::Bf16Row src{p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim};
+      epi::warp_row_epilogue(p.e, head, row, src);
       continue;
     }
     const int64_t jt = it - cache_items;
