@@ -4,8 +4,7 @@
 // workspace slot, the unit counts itself on its (head, token block) counter,
 // and the unit that arrives last sums the S partials in the fixed order
 // s = 0, 1, ..., S-1 and runs the SPEC §3 epilogue (epi::warp_row_epilogue
-// for blocks of at most kWarpRowsPerWarp rows per warp, else
-// epi::quad_row_epilogue).
+// for blocks of at most one row per warp, else epi::quad_row_epilogue).
 // Plan and unit numbering: src/common/splitk_plan.h.
 //
 // Why the bytes are the same run to run: the sum of a (head, token block) is
@@ -24,10 +23,6 @@
 namespace m3qkv::splitk {
 
 constexpr int kHeadCols = 128;  // columns of a head row (= weight rows of a unit)
-// The last arriver's epilogue runs in warp rows up to this many token rows per
-// warp in blocks of up to 32 tokens, one row per warp in larger blocks
-// (finish_unit), in quad rows above.
-constexpr int kWarpRowsPerWarp = 4;
 
 // The tile T[nt][128] f32: column groups of 8 are XOR-swizzled by token
 // (row) bits 0-1, so the epilogue's quad reads (8 tokens × the same columns
@@ -124,20 +119,14 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
       ptx::bar_sync(kBarrier, kThreads);
     }
   }
-  constexpr int kWarps = kThreads / 32;
-  // Blocks of up to 32 tokens: up to kWarpRowsPerWarp rows per warp; larger
-  // blocks only at one row per warp (a row loop there pushed the SM90 NT = 128
-  // instance, at its 168-register cap, into 96 bytes of local memory).
-  constexpr int kRowsPerWarp = NT <= 32 ? kWarpRowsPerWarp : 1;
-  if (last && mt <= kRowsPerWarp * kWarps) {
-    // Epilogue of a block of at most kRowsPerWarp token rows per warp (decode
-    // at small M): warp t/32 takes rows t/32, t/32 + kWarps, ...
-    // (epi::warp_row_epilogue, 4 values per lane: a row's chain is 1/8 of the
-    // quad form's). The quad form below gives each quad a row's whole
-    // 32-value chains while, with few rows, most lanes idle: the last
-    // arriver's tail, which is the kernel's. With 4 rows per warp the warp
-    // form's chains add up to half of one quad row's.
-    const auto row_epilogue = [&](int n) {
+  if (last && mt <= kThreads / 32) {
+    // Epilogue of a block with at most one token row per warp (decode at
+    // small M): warp t/32 takes row t/32 (epi::warp_row_epilogue, 4 values
+    // per lane). The quad form below would give one quad the row's whole
+    // 32-value chains while the other lanes idle: the last arriver's tail,
+    // which is the kernel's.
+    const int n = t / 32;
+    if (n < mt) {  // warp-uniform
       const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
       const TileRow src{T, n};
       if (p.acc_tap != nullptr) {
@@ -147,11 +136,6 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
         *reinterpret_cast<float2*>(dst + kHeadCols / 2 + 2 * lane) = src.load(kHeadCols / 2 + 2 * lane);
       }
       epi::warp_row_epilogue(p.epi, w.head, row, src);
-    };
-    if constexpr (kRowsPerWarp > 1) {
-      for (int n = t / 32; n < mt; n += kWarps) row_epilogue(n);  // warp-uniform
-    } else {
-      if (t / 32 < mt) row_epilogue(t / 32);  // warp-uniform
     }
   } else if (last) {
     // Epilogue: quad t/4 takes token rows t/4, t/4 + kThreads/4, ...; lane q
