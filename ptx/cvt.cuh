@@ -25,6 +25,32 @@ __device__ __forceinline__ uint16_t cvt_rn_satfinite_e4m3x2_f32(float lo, float 
 #define M3QKV_HAS_CVT_RN_SATFINITE_E4M3X2_F32 0
 #endif
 
+// ---- cvt.rn.f16x2.e4m3x2: PTX ISA 7.8, sm_89+ -------------------------------
+// The byte pair `pair` (lo byte = element 0) to two f16, lo byte in the low half
+// (the packing rule above). Every e4m3 value is an f16 value, so this is exact.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define M3QKV_HAS_CVT_RN_F16X2_E4M3X2 1
+__device__ __forceinline__ uint32_t cvt_rn_f16x2_e4m3x2(uint16_t pair) {
+  uint32_t d;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(pair));
+  return d;
+}
+#else
+#define M3QKV_HAS_CVT_RN_F16X2_E4M3X2 0
+#endif
+
+// ---- cvt.f32.f16: PTX ISA 1.0, every target (widening: exact) --------------
+#if defined(__CUDA_ARCH__)
+#define M3QKV_HAS_CVT_F32_F16 1
+__device__ __forceinline__ float cvt_f32_f16(uint16_t h) {
+  float d;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(d) : "h"(h));
+  return d;
+}
+#else
+#define M3QKV_HAS_CVT_F32_F16 0
+#endif
+
 // ---- cvt.rn.bf16x2.f32: PTX ISA 7.0, sm_80+ ---------------------------------
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
 #define M3QKV_HAS_CVT_RN_BF16X2_F32 1

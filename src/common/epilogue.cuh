@@ -158,27 +158,71 @@ M3_HD uint32_t nvfp4_encode2(float v0, float v1, float rc) {
 #endif
 }
 
-// The NVFP4 group scale of SPEC §3.5 (numerics.h nvfp4_group_scale) with the
-// device's conversion instructions where they are proven identical: the scale
-// byte by cvt.rn.satfinite.e4m3x2 (all 2^32 inputs) and RN(1/s) by
-// rcp.approx.ftz, exact on the 126 positive finite e4m3 values s8 can take
-// (a >= 2^-9 > 0: GpuConversions.RcpApproxEqualsRcpRnOnE4m3Values). The
-// software form spent ~50 instructions per group on these two steps (the
+// An e4m3 byte pair (lo byte = element 0) as two f32, by cvt.rn.f16x2.e4m3x2
+// and two exact widenings where the device has it: equal to e4m3_to_f32 on
+// every byte but the NaN codes 0x7F / 0xFF (GpuConversions.
+// E4m3x2ToF32x2EqualsSoftwareOnAllPairs); callers pass no NaN code. The
+// software form branches on subnormals, which serialized the NVFP4 group
+// scales of a lane (bench/RESULTS.md v12).
+M3_HD float2 e4m3x2_to_f32x2_dev(uint32_t pair) {
+#if M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_F16X2_E4M3X2
+  const uint32_t h = cvt_rn_f16x2_e4m3x2(static_cast<uint16_t>(pair));
+  return make_float2(cvt_f32_f16(static_cast<uint16_t>(h & 0xffffu)), cvt_f32_f16(static_cast<uint16_t>(h >> 16)));
+#else
+  return make_float2(e4m3_to_f32(static_cast<uint8_t>(pair & 0xffu)), e4m3_to_f32(static_cast<uint8_t>(pair >> 8)));
+#endif
+}
+
+// The NVFP4 group scales of SPEC §3.5 (numerics.h nvfp4_group_scale) of two
+// groups with the same has_sf / sf, with the device's conversion
+// instructions where they are proven identical: the scale bytes by one
+// cvt.rn.satfinite.e4m3x2 (all 2^32 inputs), and RN(1/s) by rcp.approx.ftz,
+// exact on the 126 positive finite e4m3 values a scale byte can take (a >=
+// 2^-9 > 0: GpuConversions.RcpApproxEqualsRcpRnOnE4m3Values). Returns
+// s0 | s1 << 8. kDecodeCvt: the scale values back by e4m3x2_to_f32x2_dev
+// (one conversion, no branch), else by e4m3_to_f32, whose subnormal branch
+// serializes the two groups but keeps fewer values live: the SM100 decode
+// kernel (168 registers) spills 8 B with the branch-free form in its quad
+// epilogue (ptxas, sm_100f), where the insert kernels have room.
+// The software form spent ~50 instructions per group on these steps (the
 // NVFP4 heads' epilogue was the SM90 decode kernel's tail: fused 17.8 µs with
 // NVFP4 caches against 12.6 with FP8 at TP4 M = 1, H200 run 5).
-M3_HD uint8_t nvfp4_group_scale_dev(float amax, bool has_sf, float sf, float* rc) {
+template <bool kDecodeCvt = true>
+M3_HD uint32_t nvfp4_group_scale2_dev(float amax0, float amax1, bool has_sf, float sf, float* rc0, float* rc1) {
 #if M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_SATFINITE_E4M3X2_F32
-  float a = mul_rn(amax, 0.16666667163372040f /* RN(1/6) */);
-  if (has_sf) a = mul_rn(a, sf);
-  a = max_num(a, 0.001953125f /* 2^-9 */);
-  const uint8_t s8 = static_cast<uint8_t>(cvt_rn_satfinite_e4m3x2_f32(a, 0.0f) & 0xffu);
-  float r = rcp_approx_ftz_f32(e4m3_to_f32(s8));
-  if (has_sf) r = mul_rn(r, sf);
-  *rc = r;
-  return s8;
+  float a0 = mul_rn(amax0, 0.16666667163372040f /* RN(1/6) */);
+  float a1 = mul_rn(amax1, 0.16666667163372040f);
+  if (has_sf) {
+    a0 = mul_rn(a0, sf);
+    a1 = mul_rn(a1, sf);
+  }
+  a0 = max_num(a0, 0.001953125f /* 2^-9 */);
+  a1 = max_num(a1, 0.001953125f);
+  const uint32_t s = cvt_rn_satfinite_e4m3x2_f32(a0, a1);
+  float2 v;
+  if constexpr (kDecodeCvt) {
+    v = e4m3x2_to_f32x2_dev(s);
+  } else {
+    v = make_float2(e4m3_to_f32(static_cast<uint8_t>(s & 0xffu)), e4m3_to_f32(static_cast<uint8_t>(s >> 8)));
+  }
+  float r0 = rcp_approx_ftz_f32(v.x), r1 = rcp_approx_ftz_f32(v.y);
+  if (has_sf) {
+    r0 = mul_rn(r0, sf);
+    r1 = mul_rn(r1, sf);
+  }
+  *rc0 = r0;
+  *rc1 = r1;
+  return s;
 #else
-  return nvfp4_group_scale(amax, has_sf, sf, rc);
+  const uint32_t s0 = nvfp4_group_scale(amax0, has_sf, sf, rc0);
+  return s0 | static_cast<uint32_t>(nvfp4_group_scale(amax1, has_sf, sf, rc1)) << 8;
 #endif
+}
+// One group's scale (the fused kernels' per-thread epilogue): the pair form
+// with a second group of amax 0, unused.
+M3_HD uint8_t nvfp4_group_scale_dev(float amax, bool has_sf, float sf, float* rc) {
+  float unused;
+  return static_cast<uint8_t>(nvfp4_group_scale2_dev(amax, 0.0f, has_sf, sf, rc, &unused) & 0xffu);
 }
 
 // ---------------------------------------------------------------- guards

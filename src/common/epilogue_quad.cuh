@@ -186,7 +186,9 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
 // The whole epilogue of token `row` for head `h` on this lane's 32 values
 // (modified in place). Called by every lane of the warp; `valid` (the same
 // for the four lanes of a quad) says whether the row exists and is this
-// caller's to store.
+// caller's to store. kDecodeCvt: the NVFP4 scales' form
+// (nvfp4_group_scale2_dev; false where registers are tight: the decode kernels).
+template <bool kDecodeCvt = true>
 __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const QuadHead& h, int64_t row, bool valid,
                                                   float (&y)[kQuadValues], int q) {
   const HeadKind kind = h.hi.kind;
@@ -277,19 +279,29 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
     const bool v_swizzle = kind == HeadKind::V;
     uint32_t dw[4 * 1] = {};    // data bytes: unit j = columns 8j + c0, 8j + c0 + 1
     uint32_t sw[2] = {0u, 0u};  // the 8 scale bytes (the same in the four lanes)
+    // Groups in pairs (g, g + 1): their amax shuffles interleave and one
+    // nvfp4_group_scale2_dev converts both scales.
 #pragma unroll
-    for (int g = 0; g < kHeadDim / kNvfp4Group; ++g) {
-      float amax = 0.0f;  // max ignores NaN, starts at +0
+    for (int g = 0; g < kHeadDim / kNvfp4Group; g += 2) {
+      float amax[2] = {0.0f, 0.0f};  // max ignores NaN, starts at +0
 #pragma unroll
-      for (int i = 0; i < 4; ++i) amax = max_num(amax, abs_f32(y[4 * g + i]));
-      amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-      amax = max_num(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-      float rc;
-      const uint8_t s8 = nvfp4_group_scale_dev(amax, has_sf, sf, &rc);
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int jj = 2 * g; jj < 2 * g + 2; ++jj) quad_put_unit<1>(dw, jj, nvfp4_encode2(y[2 * jj], y[2 * jj + 1], rc));
-      sw[g / 4] |= static_cast<uint32_t>(s8) << (8 * (g % 4));
-      if (to_cache && v_swizzle && g % 4 == q) slot_base[nvfp4_scale_offset_v(sa.token, g, e.block_size)] = s8;
+        for (int i = 0; i < 4; ++i) amax[h] = max_num(amax[h], abs_f32(y[4 * (g + h) + i]));
+#pragma unroll
+      for (int m = 1; m <= 2; m *= 2)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) amax[h] = max_num(amax[h], __shfl_xor_sync(0xffffffffu, amax[h], m));
+      float rc[2];
+      const uint32_t s2 = nvfp4_group_scale2_dev<kDecodeCvt>(amax[0], amax[1], has_sf, sf, &rc[0], &rc[1]);
+#pragma unroll
+      for (int jj = 2 * g; jj < 2 * g + 4; ++jj)
+        quad_put_unit<1>(dw, jj, nvfp4_encode2(y[2 * jj], y[2 * jj + 1], rc[(jj - 2 * g) / 2]));
+      sw[g / 4] |= s2 << (8 * (g % 4));
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        if (to_cache && v_swizzle && (g + h) % 4 == q)
+          slot_base[nvfp4_scale_offset_v(sa.token, g + h, e.block_size)] = static_cast<uint8_t>(s2 >> (8 * h));
     }
     // sa.token = 0 and slot_base = null unless to_cache.
     quad_store_row<1>(slot_base + nvfp4_data_offset(sa.token, 0), dw, q, to_cache);

@@ -34,8 +34,8 @@
 //  * Destination, guards, flags: row_inputs() / row_dest(), shared with the quad form.
 //
 // Alignment: the q / cache row starts of epilogue_quad.cuh (kRowStoreAlign);
-// every store here is U-byte aligned within them, and the linear NVFP4
-// scales are the same one 8-byte store.
+// every store here is U-byte aligned within them; the NVFP4 scales are byte
+// stores.
 #pragma once
 
 #include "common/epilogue_quad.cuh"
@@ -148,30 +148,20 @@ __device__ __forceinline__ void warp_row_epilogue(const EpilogueParams& e, int h
       a1 = max_num(a1, __shfl_xor_sync(0xffffffffu, a1, m));
     }
     float rc0, rc1;
-    const uint8_t s0 = nvfp4_group_scale_dev(a0, has_sf, sf, &rc0);
-    const uint8_t s1 = nvfp4_group_scale_dev(a1, has_sf, sf, &rc1);
+    const uint32_t s2 = nvfp4_group_scale2_dev(a0, a1, has_sf, sf, &rc0, &rc1);
     uint8_t* data = d.slot_base + nvfp4_data_offset(d.sa.token, 0);
     data[lane] = static_cast<uint8_t>(nvfp4_encode2(y[0], y[1], rc0));
     data[32 + lane] = static_cast<uint8_t>(nvfp4_encode2(y[2], y[3], rc1));
-    // Group g < 4 and 4 + g: lane 8g holds both scales.
+    // Groups g < 4 and 4 + g: lane 8g holds both scales and stores them, in
+    // either scale layout (byte stores: no gather of the eight bytes into one
+    // lane, whose shuffles were on the row's critical path).
     const int g = lane / 8;
-    if (kind == HeadKind::V) {
-      if (lane % 8 == 0) {
-        d.slot_base[nvfp4_scale_offset_v(d.sa.token, g, e.block_size)] = s0;
-        d.slot_base[nvfp4_scale_offset_v(d.sa.token, 4 + g, e.block_size)] = s1;
-      }
-    } else {
-      const uint32_t pair = static_cast<uint32_t>(s0) | (static_cast<uint32_t>(s1) << 8);
-      uint32_t lo = 0u, hi_w = 0u;  // scale bytes 0..3 and 4..7
-#pragma unroll
-      for (int gg = 0; gg < 4; ++gg) {
-        const uint32_t v = __shfl_sync(0xffffffffu, pair, 8 * gg);
-        lo |= (v & 0xffu) << (8 * gg);
-        hi_w |= (v >> 8) << (8 * gg);
-      }
-      if (lane == 0)
-        *reinterpret_cast<uint2*>(d.slot_base + nvfp4_scale_offset_linear(d.sa.token, 0, e.block_size)) =
-            make_uint2(lo, hi_w);
+    if (lane % 8 == 0) {
+      const bool v = kind == HeadKind::V;
+      uint8_t* s = d.slot_base + (v ? nvfp4_scale_offset_v(d.sa.token, g, e.block_size)
+                                    : nvfp4_scale_offset_linear(d.sa.token, g, e.block_size));
+      s[0] = static_cast<uint8_t>(s2 & 0xffu);
+      s[v ? kNvfp4ScaleUpperDeltaV : kNvfp4ScaleUpperDeltaLinear] = static_cast<uint8_t>(s2 >> 8);
     }
   }
 }

@@ -255,21 +255,28 @@ M3_HD uint8_t f32_to_e2m1_satfinite_rn_soft(float f) {
 }
 
 // The same function without branches, for the device (the NVFP4 heads'
-// epilogue encodes 32 values per lane): for |f| >= 1 the nearest e2m1 code is
-// the f32 exponent and top mantissa bit rounded to nearest even in the integer
-// domain ((bits + 0x1FFFFF + bit22) >> 22, minus the code of 1.0's offset 252),
-// saturated at 7; below 1 the two ties of the subnormal grid {0, 0.5} and 1.0
-// are compares. Proven equal to f32_to_e2m1_satfinite_rn_soft on all 2^32
-// patterns (GpuConversions.E2m1BranchFreeAllF32Patterns).
+// epilogue encodes 32 values per lane; every instruction of it is on the
+// critical path of a lone warp, bench/RESULTS.md v12). With a = |f|:
+//  * a >= 1 (bits >= 0x3F800000, which includes inf and NaN): the nearest
+//    e2m1 code is the f32 exponent and top mantissa bit rounded to nearest
+//    even in the integer domain ((bits + 0x1FFFFF + bit22) >> 22, minus the
+//    code of 1.0's offset 252), saturated at 7 (inf and NaN land there too);
+//  * a < 1: the code is 2a rounded to nearest even, which the f32 adder
+//    computes: a + 2^22 has an ulp of 0.5, so RN(a + 2^22) = 2^22 + k / 2
+//    with k in {0, 1, 2}, the mantissa field (ties 0.25, 0.75 go to the even
+//    k, as cvt does);
+//  * the sign bit is kept except for NaN (-> +6, code 0x7).
+// Proven equal to f32_to_e2m1_satfinite_rn_soft on all 2^32 patterns, on
+// the host (Numerics.E2m1BranchFreeEqualsReferenceOnAllF32Patterns) and on
+// the device (GpuConversions.E2m1BranchFreeAllF32Patterns).
 M3_HD uint8_t f32_to_e2m1_satfinite_rn_branchfree(float f) {
   const uint32_t u = f32_bits(f);
   const uint32_t au = u & 0x7fffffffu;
-  const uint32_t sign = (u >> 28) & 0x8u;
-  const float a = bits_f32(au);
-  const uint32_t hi = ((au + 0x1fffffu + ((au >> 22) & 1u)) >> 22) - 252u;  // valid for a >= 1
-  const uint32_t lo = (a > 0.25f ? 1u : 0u) + (a >= 0.75f ? 1u : 0u);      // a < 1
-  const uint32_t c = a >= 1.0f ? (hi < 7u ? hi : 7u) : lo;
-  return au > 0x7f800000u ? 0x7u : static_cast<uint8_t>(sign | c);
+  const uint32_t hi = ((au + 0x1fffffu + ((au >> 22) & 1u)) >> 22) - 252u;  // a >= 1
+  const uint32_t lo = f32_bits(add_rn(bits_f32(au), 4194304.0f /* 2^22 */)) - 0x4a800000u;  // a < 1
+  const uint32_t c = au >= 0x3f800000u ? (hi < 7u ? hi : 7u) : lo;
+  const uint32_t sign = au <= 0x7f800000u ? (u >> 28) & 0x8u : 0u;
+  return static_cast<uint8_t>(sign | c);
 }
 
 // --------------------------------------------------- MXFP8 (OCP MX) rule

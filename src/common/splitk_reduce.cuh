@@ -157,7 +157,7 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
         for (int j = 0; j < kHeadCols / 8; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
       }
-      epi::quad_row_epilogue(p.epi, head, row, valid, y, q);
+      epi::quad_row_epilogue</*kDecodeCvt=*/false>(p.epi, head, row, valid, y, q);  // 168-register kernels
     }
   }
   // T is reused by the next unit.

@@ -80,6 +80,19 @@ TEST(Nvfp4Cache, HandComputedOffsets) {
 }
 
 // Within a slot, data + scales of all tokens tile the 72·bs bytes exactly once.
+// The warp epilogue stores group g + 4's scale at a fixed delta from group
+// g's (layouts.h kNvfp4ScaleUpperDelta*): true for every token and g < 4.
+TEST(Nvfp4Cache, ScaleUpperDelta) {
+  using namespace m3qkv;
+  for (int bs : {16, 64, 128})
+    for (int t = 0; t < bs; ++t)
+      for (int g = 0; g < 4; ++g) {
+        EXPECT_EQ(nvfp4_scale_offset_linear(t, g + 4, bs) - nvfp4_scale_offset_linear(t, g, bs),
+                  kNvfp4ScaleUpperDeltaLinear);
+        EXPECT_EQ(nvfp4_scale_offset_v(t, g + 4, bs) - nvfp4_scale_offset_v(t, g, bs), kNvfp4ScaleUpperDeltaV);
+      }
+}
+
 TEST(Nvfp4Cache, SlotBytesTiledOnce) {
   for (int bs : {4, 16, 64, 128}) {
     for (bool v : {false, true}) {

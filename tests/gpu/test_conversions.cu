@@ -4,6 +4,8 @@
 //    software conversions of common/numerics.h over ALL 2^32 f32 bit patterns,
 //    compared on the device (mismatches counted with atomics, first few kept);
 //  - rcp.approx.ftz.f32 against RN(1/s) on the 126 positive finite e4m3 values;
+//  - cvt.rn.f16x2.e4m3x2 + cvt.f32.f16 (epi::e4m3x2_to_f32x2_dev) against
+//    e4m3_to_f32 on all 2^16 byte pairs;
 //  - __frsqrt_rn against the host rsqrt_rn_host (exhaustive on [1, 4) and on
 //    the subnormals, which with rsqrt(4t) = rsqrt(t)/2 covers every normal
 //    input, plus a strided sample of the whole range and the specials);
@@ -23,6 +25,7 @@
 #include "common/test_util.h"
 #include "gpu/gpu_util.h"
 
+#include "common/epilogue.cuh"
 #include "ptx/cvt.cuh"
 
 namespace {
@@ -105,6 +108,15 @@ __global__ void exhaustive_e2m1_kernel(uint64_t begin, uint64_t end, Mismatches*
     const uint8_t r = m3qkv::f32_to_e2m1_satfinite_rn_soft(fx);
     if (h != r) record(mm, x, h, r);
   }
+}
+
+// Every byte pair through the NVFP4 scales' decoder, as the kernels call it.
+// *hw = 1 where the instruction path was compiled (sm_89+).
+__global__ void e4m3x2_to_f32x2_kernel(float2* out, uint32_t* hw) {
+  const uint32_t pair = blockIdx.x * blockDim.x + threadIdx.x;
+  if (pair >= 0x10000u) return;
+  out[pair] = m3qkv::epi::e4m3x2_to_f32x2_dev(pair);
+  if (pair == 0) *hw = (M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_F16X2_E4M3X2) ? 1u : 0u;
 }
 
 __global__ void rcp_e4m3_kernel(float* approx, float* rn) {
@@ -261,6 +273,43 @@ TEST(GpuConversions, RcpApproxEqualsRcpRnOnE4m3Values) {
     }
   }
   std::printf("[ cvt ] rcp.approx.ftz vs RN(1/s): 126 e4m3 values, %d mismatches\n", bad);
+}
+
+// The NVFP4 group scales decode their e4m3 bytes with cvt.rn.f16x2.e4m3x2
+// (epilogue.cuh e4m3x2_to_f32x2_dev): equal to the golden model's
+// e4m3_to_f32 on every byte of every pair, the NaN codes 0x7F / 0xFF (which
+// no scale takes) NaN on both sides.
+TEST(GpuConversions, E4m3x2ToF32x2EqualsSoftwareOnAllPairs) {
+  M3QKV_REQUIRE_GPU();
+  int dev = 0, major = 0, minor = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  CUDA_OK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  CUDA_OK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+  M3QKV_ALLOC(dout, 0x10000 * sizeof(float2));
+  M3QKV_ALLOC(dhw, sizeof(uint32_t));
+  e4m3x2_to_f32x2_kernel<<<0x10000 / 256, 256>>>(dout.as<float2>(), dhw.as<uint32_t>());
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<float2> out;
+  std::vector<uint32_t> hw;
+  CUDA_OK(dout.download_as(&out));
+  CUDA_OK(dhw.download_as(&hw));
+  if (major * 10 + minor >= 89) EXPECT_EQ(hw[0], 1u) << "sm_89+ must run the cvt.rn.f16x2.e4m3x2 path";
+  int bad = 0;
+  for (uint32_t pair = 0; pair < 0x10000u; ++pair) {
+    const uint8_t b[2] = {static_cast<uint8_t>(pair & 0xffu), static_cast<uint8_t>(pair >> 8)};
+    const float got[2] = {out[pair].x, out[pair].y};
+    for (int h = 0; h < 2; ++h) {
+      const float want = m3qkv::e4m3_to_f32(b[h]);
+      const bool ok = (b[h] & 0x7fu) == 0x7fu ? std::isnan(got[h]) && std::isnan(want)
+                                              : m3qkv::f32_bits(got[h]) == m3qkv::f32_bits(want);
+      if (!ok && bad++ < 4)
+        ADD_FAILURE() << "pair 0x" << std::hex << pair << " byte " << h << ": got 0x" << m3qkv::f32_bits(got[h])
+                      << ", e4m3_to_f32 0x" << m3qkv::f32_bits(want);
+    }
+  }
+  EXPECT_EQ(bad, 0);
+  std::printf("[ cvt ] e4m3x2 -> f32x2 (hw path %u): 2^16 pairs, %d mismatches\n", hw[0], bad);
 }
 
 TEST(GpuConversions, FrsqrtRnMatchesHostRsqrtRn) {
