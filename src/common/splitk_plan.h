@@ -42,7 +42,7 @@ struct Plan {
   int max_unit_stages = 0;    // ceil(ks / S)
   int64_t counter_bytes = 0;  // arrival counters, one uint32 per (head, token block), rounded to 256 B
   int64_t slot_floats = 0;    // one partial slot: nt × 128 f32
-  int64_t workspace_bytes = 0;
+  int64_t partial_bytes = 0;  // the partial slots: units × slot_floats f32
 };
 
 // Stage range [k0, k1) of split s of S over ks stages (balanced: sizes differ by at most one).
@@ -124,7 +124,7 @@ inline Plan plan(const Target& t, int64_t m, int heads, int ks, int num_sms, int
   const int64_t counters = static_cast<int64_t>(heads) * p.token_blocks;
   p.counter_bytes = (counters * 4 + 255) / 256 * 256;
   p.slot_floats = static_cast<int64_t>(p.nt) * 128;
-  p.workspace_bytes = p.counter_bytes + p.units * p.slot_floats * 4;
+  p.partial_bytes = p.units * p.slot_floats * 4;
   return p;
 }
 

@@ -165,9 +165,9 @@ m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_
     return fail(M3QKV_ERROR_INTERNAL, "%s: %lld counter bytes exceed the zeroed workspace head", fn,
                 static_cast<long long>(plan.counter_bytes));
   void* ws = nullptr;
-  M3QKV_TRY(stream_workspace(dev, stream, static_cast<size_t>(plan.workspace_bytes), &ws));
+  M3QKV_TRY(stream_workspace(dev, stream, splitk_workspace_bytes(plan), &ws));
   out->counters = static_cast<uint32_t*>(ws);
-  out->partials = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + plan.counter_bytes);
+  out->partials = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + kSplitkPartialsOffset);
   return M3QKV_SUCCESS;
 }
 

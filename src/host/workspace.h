@@ -54,8 +54,18 @@ m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
 // The split-K decode kernels' buffers in the stream workspace
 // (common/splitk_plan.h): the arrival counters in the zeroed head
 // (plan.counter_bytes of it; the kernels leave them zero) and the partial
-// slots right after them. Both null when the plan does not split. `fn` names
-// the launcher in the message of a plan whose counters outgrow the head.
+// slots from kSplitkPartialsOffset, past the head, so that nothing but
+// counters is ever written into the head. (Until 2026-12-01 the partials
+// began right after the plan's own counters: a later plan with more
+// counters on the same stream, e.g. TP2 at M <= 128 and then M 129..256,
+// 256 and 512 counter bytes, found counters dirty with partial sums, and
+// its last-arriver test `arrived == split - 1` never fired.) Both null when
+// the plan does not split. `fn` names the launcher in the message of a plan
+// whose counters outgrow the head.
+constexpr size_t kSplitkPartialsOffset = kWorkspaceZeroBytes;
+inline size_t splitk_workspace_bytes(const splitk::Plan& plan) {
+  return kSplitkPartialsOffset + static_cast<size_t>(plan.partial_bytes);
+}
 struct SplitkBuffers {
   uint32_t* counters = nullptr;
   float* partials = nullptr;

@@ -80,7 +80,7 @@ TEST(DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
         for (int v : seen) ASSERT_EQ(v, 1);
         EXPECT_EQ(p.counter_bytes % 256, 0);
         EXPECT_GE(p.counter_bytes, int64_t(l.heads) * p.token_blocks * 4);
-        EXPECT_EQ(p.workspace_bytes, p.counter_bytes + p.units * p.nt * 128 * 4);
+        EXPECT_EQ(p.partial_bytes, p.units * p.nt * 128 * 4);
       }
 }
 
@@ -143,7 +143,7 @@ TEST(DecodePlan, MemoReturnsThePlanOfItsArguments) {
   auto same = [](const m3qkv::splitk::Plan& a, const m3qkv::splitk::Plan& b) {
     return a.nt == b.nt && a.token_blocks == b.token_blocks && a.split == b.split && a.units == b.units &&
            a.grid == b.grid && a.max_unit_stages == b.max_unit_stages && a.counter_bytes == b.counter_bytes &&
-           a.slot_floats == b.slot_floats && a.workspace_bytes == b.workspace_bytes;
+           a.slot_floats == b.slot_floats && a.partial_bytes == b.partial_bytes;
   };
   struct Call {
     int64_t m;
@@ -275,7 +275,7 @@ TEST(Sm100DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
         EXPECT_EQ(p.units, int64_t(l.heads) * p.split);
         EXPECT_EQ(p.grid, std::min<int64_t>(p.units, 148));
         ASSERT_NO_FATAL_FAILURE(expect_units_cover(p, l.heads, ks));
-        EXPECT_EQ(p.workspace_bytes, p.counter_bytes + p.units * p.nt * 128 * 4);
+        EXPECT_EQ(p.partial_bytes, p.units * p.nt * 128 * 4);
       }
 }
 

@@ -170,15 +170,16 @@ TEST_F(HostContext, WorkspaceIsZeroedOnceAndReused) {
 }
 
 // The split-K decode launchers' view of the workspace: nothing for an
-// unsplit plan; counters at the zeroed head, partials right after them; a
-// plan whose counters outgrow the head is an internal error, not a launch.
+// unsplit plan; counters at the zeroed head, partials past the head (never
+// inside it: a later plan's counters would find them there); a plan whose
+// counters outgrow the head is an internal error, not a launch.
 TEST_F(HostContext, SplitkWorkspaceBindsCountersAndPartials) {
   const DeviceInfo d = enter();
   const cudaStream_t s = fake_cuda().new_stream(current_ctx());
   m3qkv::splitk::Plan plan;
   plan.split = 1;
   plan.counter_bytes = 256;
-  plan.workspace_bytes = 4096;
+  plan.partial_bytes = 4096;
   host::SplitkBuffers b;
   b.counters = reinterpret_cast<uint32_t*>(uintptr_t{16});  // poisoned: the call must reset it
   ASSERT_EQ(host::splitk_workspace("f", d, s, plan, &b), M3QKV_SUCCESS) << m3qkv_last_error();
@@ -188,11 +189,10 @@ TEST_F(HostContext, SplitkWorkspaceBindsCountersAndPartials) {
   plan.split = 3;
   ASSERT_EQ(host::splitk_workspace("f", d, s, plan, &b), M3QKV_SUCCESS) << m3qkv_last_error();
   ASSERT_EQ(fake_cuda().mallocs.size(), 1u);
-  EXPECT_GE(fake_cuda().mallocs[0].second, size_t{4096});
+  EXPECT_GE(fake_cuda().mallocs[0].second, host::kWorkspaceZeroBytes + 4096);
   EXPECT_EQ(static_cast<void*>(b.counters), fake_cuda().mallocs[0].first);
-  EXPECT_EQ(reinterpret_cast<uint8_t*>(b.partials), reinterpret_cast<uint8_t*>(b.counters) + 256);
+  EXPECT_EQ(reinterpret_cast<uint8_t*>(b.partials), reinterpret_cast<uint8_t*>(b.counters) + host::kWorkspaceZeroBytes);
   plan.counter_bytes = static_cast<int64_t>(host::kWorkspaceZeroBytes) + 256;
-  plan.workspace_bytes = plan.counter_bytes + 4096;
   EXPECT_EQ(host::splitk_workspace("sm90_fused_decode", d, s, plan, &b), M3QKV_ERROR_INTERNAL);
   EXPECT_NE(std::string(m3qkv_last_error()).find("sm90_fused_decode: 65792 counter bytes exceed"), std::string::npos)
       << m3qkv_last_error();

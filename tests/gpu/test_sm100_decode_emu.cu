@@ -168,9 +168,9 @@ void run_decode(const m3qkv_test::Problem& p, const DeviceInputs& in, const Case
   ASSERT_GT(plan.nt, 0);
   if (plan.split > 1) {
     void* ws = nullptr;
-    M3QKV_OK(m3qkv::host::stream_workspace(dev, s.get(), size_t(plan.workspace_bytes), &ws));
-    CUDA_OK(cudaMemsetAsync(static_cast<uint8_t*>(ws) + plan.counter_bytes, 0xFF,
-                            size_t(plan.workspace_bytes - plan.counter_bytes), s.get()));
+    M3QKV_OK(m3qkv::host::stream_workspace(dev, s.get(), m3qkv::host::splitk_workspace_bytes(plan), &ws));
+    CUDA_OK(cudaMemsetAsync(static_cast<uint8_t*>(ws) + m3qkv::host::kSplitkPartialsOffset, 0xFF,
+                            size_t(plan.partial_bytes), s.get()));
   }
   DeviceBuffer tap;
   const size_t tap_bytes = static_cast<size_t>(p.acc_elems()) * sizeof(float);

@@ -90,8 +90,9 @@ std::string run_name(const DecodeRun& r) {
   return "split " + std::to_string(r.split) + " grid " + std::to_string(r.grid) + " pdl " + std::to_string(r.use_pdl);
 }
 
+// On `stream` where given, else on a fresh stream (so a fresh workspace).
 void run_decode(const Problem& p, const DeviceInputs& in, const DecodeRun& run, int salt, Fetched* out,
-                std::vector<float>* acc) {
+                std::vector<float>* acc, cudaStream_t stream = nullptr) {
   DeviceOutputs d;
   CUDA_OK(d.init(p, salt));
   m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
@@ -109,11 +110,12 @@ void run_decode(const Problem& p, const DeviceInputs& in, const DecodeRun& run, 
     CUDA_OK(tap.alloc(tap_bytes));
     CUDA_OK(cudaMemset(tap.get(), 0xFF, tap_bytes));  // NaN: an unwritten entry cannot pass
   }
-  Stream s;
-  CUDA_OK(s.error());
-  M3QKV_OK(decode_call(a, dev, run.tap ? tap.as<float>() : nullptr, s.get(), run.split));
+  Stream own;
+  CUDA_OK(own.error());
+  const cudaStream_t st = stream != nullptr ? stream : own.get();
+  M3QKV_OK(decode_call(a, dev, run.tap ? tap.as<float>() : nullptr, st, run.split));
   CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaStreamSynchronize(s.get()));
+  CUDA_OK(cudaStreamSynchronize(st));
   CUDA_OK(fetch_outputs(d, out));
   if (run.tap && acc) CUDA_OK(tap.download_as(acc));
 }
@@ -241,6 +243,33 @@ TEST(Sm90DecodeShapes, OutOfRangeSlotsAndPositionsFlaggedNotWritten_TP1_M200) {
   EXPECT_NE(got.flags & M3QKV_FLAG_SLOT_OUT_OF_RANGE, 0u);
   EXPECT_NE(got.flags & M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, 0u);
   EXPECT_NE(got.flags & M3QKV_FLAG_POSITION_OUT_OF_RANGE, 0u);
+}
+
+// One stream, plans whose arrival counters differ in size (TP1: 512 B at
+// M = 1, 768 B at M = 200, split 4 both): every call finds its counters zero
+// whatever the earlier calls wrote into the workspace (the partials once
+// began right after a plan's own counters, inside the next plan's).
+TEST(Sm90DecodeShapes, CountersOfAGrowingPlanOnOneStream_TP1) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  Stream s;
+  CUDA_OK(s.error());
+  for (int64_t m : {1, 200, 1, 200}) {
+    SCOPED_TRACE("M " + std::to_string(m));
+    const Problem p = make_problem(config(kTP1, m, 1024, /*exact=*/true, 128));
+    const std::vector<float> acc = golden_acc(p);
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    DecodeRun run;
+    run.split = 4;
+    run.tap = false;
+    Fetched got;
+    ASSERT_NO_FATAL_FAILURE(run_decode(p, in, run, 1, &got, nullptr, s.get()));
+    HostOutputs want = poisoned_host_outputs(p, 1);
+    golden_epilogue(p, acc.data(), &want);
+    expect_same_outputs(p, want, got, "TP1 M " + std::to_string(m) + " on one stream");
+    if (HasFailure()) return;
+  }
 }
 
 // The public API routes small M on CC 9.0 to the decode kernel (the measured
