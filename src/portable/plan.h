@@ -35,13 +35,17 @@ constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 toke
 //    the norm sums in each of its 8 quads): quad rows.
 //  * NVFP4 KV: the cache rows' chain (group amax, scale, software e2m1
 //    encode) makes the few k / v / index_k warps the long pole of a quad
-//    grid (TP4 M = 512: 6.2 µs against FP8's 4.2). Mixed (cache heads in warp
-//    rows first, q / index_q in quad rows) up to kInsertMixedRowsPerSmNvfp4
-//    head rows per SM (TP4 M = 512: 4.7 µs; M = 1: as fast as warp rows);
-//    above, the warp rows' extra instructions cost more than the imbalance
-//    and quad rows win again (TP1 M = 512: 12.5 against 13.2 µs).
+//    grid (TP4 M = 512: 5.4 µs against FP8's 4.2). Warp rows up to
+//    kInsertWarpRowsPerSmNvfp4 head rows per SM (TP4 M = 16: 2.17 against
+//    mixed 2.28 µs), mixed (cache heads in warp rows first, q / index_q in
+//    quad rows) up to kInsertMixedRowsPerSmNvfp4 (TP4 M = 512: 4.7 µs, TP8
+//    M = 1024, 93 per SM: 6.95 against quad 7.25); above, the warp rows'
+//    extra instructions cost more than the imbalance and quad rows win
+//    again (TP4 M = 1024, 155 per SM: 7.69 against mixed 7.96). Thresholds
+//    of v12 (the leaner NVFP4 encode, RESULTS.md; v11 had mixed up to 160).
 constexpr int64_t kInsertWarpRowsPerSmFlat = 12;
-constexpr int64_t kInsertMixedRowsPerSmNvfp4 = 160;
+constexpr int64_t kInsertWarpRowsPerSmNvfp4 = 3;
+constexpr int64_t kInsertMixedRowsPerSmNvfp4 = 120;
 
 // Lane layout: automatic, or forced (tests and the bench: m3qkv_testing_insert_layout).
 enum class InsertLayout : int { kAuto = 0, kQuadRows = 1, kWarpRows = 2, kMixed = 3 };
@@ -61,8 +65,9 @@ inline InsertPlan insert_plan(int64_t m, int heads, int cache, bool kv_nvfp4, in
   p.layout = layout;
   if (layout == InsertLayout::kAuto) {
     if (kv_nvfp4)
-      p.layout = rows <= static_cast<int64_t>(num_sms) * kInsertMixedRowsPerSmNvfp4 ? InsertLayout::kMixed
-                                                                                     : InsertLayout::kQuadRows;
+      p.layout = rows <= static_cast<int64_t>(num_sms) * kInsertWarpRowsPerSmNvfp4    ? InsertLayout::kWarpRows
+                 : rows <= static_cast<int64_t>(num_sms) * kInsertMixedRowsPerSmNvfp4 ? InsertLayout::kMixed
+                                                                                        : InsertLayout::kQuadRows;
     else
       p.layout = rows <= static_cast<int64_t>(num_sms) * kInsertWarpRowsPerSmFlat ? InsertLayout::kWarpRows
                                                                                    : InsertLayout::kQuadRows;

@@ -34,15 +34,17 @@ TEST(PortablePlan, OverrideIsClampedToTheWorkItems) {
 }
 
 // The insert's lane layout: FP8 / BF16 KV: warp rows up to 12 head rows per
-// SM, quad rows above; NVFP4 KV: mixed up to 160, quad rows above; each
-// layout's work items; forced layouts and the grid override honoured.
-// Hand-worked for a 132-SM H200: 132 · 12 = 1584 and 132 · 160 = 21120.
+// SM, quad rows above; NVFP4 KV: warp rows up to 3, mixed up to 120, quad
+// rows above; each layout's work items; forced layouts and the grid override
+// honoured. Hand-worked for a 132-SM H200: 132 · 12 = 1584, 132 · 3 = 396
+// and 132 · 120 = 15840.
 TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   using m3qkv::portable::InsertLayout;
   using m3qkv::portable::insert_plan;
   static_assert(m3qkv::portable::kInsertWarpRowsPerSmFlat == 12 &&
-                    m3qkv::portable::kInsertMixedRowsPerSmNvfp4 == 160,
-                "the cases below are worked for 12 and 160");
+                    m3qkv::portable::kInsertWarpRowsPerSmNvfp4 == 3 &&
+                    m3qkv::portable::kInsertMixedRowsPerSmNvfp4 == 120,
+                "the cases below are worked for 12, 3 and 120");
   // TP4: 20 heads, 3 with a cache row. FP8 M = 1: 20 warps in 5 CTAs of 4.
   auto p = insert_plan(1, 20, 3, false, 132, 0, InsertLayout::kAuto);
   EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
@@ -56,27 +58,37 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   EXPECT_EQ(p.items, 10 * 20);
   EXPECT_EQ(p.cache_items, 0);
   EXPECT_EQ(p.grid, 50u);
-  // NVFP4 M = 1: mixed, 3 cache-row items then 1 row group x 17 q / index_q heads.
+  // NVFP4 M = 1: warp rows, 20 items; M = 19 -> 380 head rows (warp rows),
+  // M = 20 -> 400: mixed, 3 · 20 cache-row items then 3 row groups x 17 q / index_q heads.
   p = insert_plan(1, 20, 3, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kMixed);
-  EXPECT_EQ(p.cache_items, 3);
-  EXPECT_EQ(p.items, 3 + 17);
+  EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
+  EXPECT_EQ(p.cache_items, 0);
+  EXPECT_EQ(p.items, 20);
   EXPECT_EQ(p.grid, 5u);
-  // NVFP4 M = 1056 -> 21120 head rows: mixed, 3168 + 132 row groups x 17 = 5412 items, 1353 CTAs;
-  // M = 1057: quad rows.
-  p = insert_plan(1056, 20, 3, true, 132, 0, InsertLayout::kAuto);
+  EXPECT_EQ(insert_plan(19, 20, 3, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
+  p = insert_plan(20, 20, 3, true, 132, 0, InsertLayout::kAuto);
   EXPECT_EQ(p.layout, InsertLayout::kMixed);
-  EXPECT_EQ(p.cache_items, 3168);
-  EXPECT_EQ(p.items, 3168 + 132 * 17);
-  EXPECT_EQ(p.grid, 1353u);
-  EXPECT_EQ(insert_plan(1057, 20, 3, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
+  EXPECT_EQ(p.cache_items, 60);
+  EXPECT_EQ(p.items, 60 + 3 * 17);
+  EXPECT_EQ(p.grid, 28u);
+  // NVFP4 M = 792 -> 15840 head rows: mixed, 2376 + 99 row groups x 17 = 4059 items, 1015 CTAs;
+  // M = 793: quad rows.
+  p = insert_plan(792, 20, 3, true, 132, 0, InsertLayout::kAuto);
+  EXPECT_EQ(p.layout, InsertLayout::kMixed);
+  EXPECT_EQ(p.cache_items, 2376);
+  EXPECT_EQ(p.items, 2376 + 99 * 17);
+  EXPECT_EQ(p.grid, 1015u);
+  EXPECT_EQ(insert_plan(793, 20, 3, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
   // TP1: 77 heads, 9 cache heads. FP8 M = 20 -> 1540 (warp), 21 -> 1617 (quad);
-  // NVFP4 M = 274 -> 21098 (mixed), 275 -> 21175 (quad). Fewer SMs move the edges.
+  // NVFP4 M = 5 -> 385 (warp), 6 -> 462 (mixed), 205 -> 15785 (mixed),
+  // 206 -> 15862 (quad). Fewer SMs move the edges.
   EXPECT_EQ(insert_plan(20, 77, 9, false, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
   EXPECT_EQ(insert_plan(21, 77, 9, false, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
   EXPECT_EQ(insert_plan(20, 77, 9, false, 100, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
-  EXPECT_EQ(insert_plan(274, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kMixed);
-  EXPECT_EQ(insert_plan(275, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
+  EXPECT_EQ(insert_plan(5, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kWarpRows);
+  EXPECT_EQ(insert_plan(6, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kMixed);
+  EXPECT_EQ(insert_plan(205, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kMixed);
+  EXPECT_EQ(insert_plan(206, 77, 9, true, 132, 0, InsertLayout::kAuto).layout, InsertLayout::kQuadRows);
   // Forced at any size.
   p = insert_plan(16384, 20, 3, false, 132, 0, InsertLayout::kWarpRows);
   EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
