@@ -1,6 +1,7 @@
 // The one launch-configuration builder of every backend: grid, block, dynamic
-// shared memory, stream, and the two launch attributes m3qkv uses (PDL and a
-// 1-D cluster), plus the cluster occupancy query built from the same config.
+// shared memory, stream, and the launch attributes m3qkv uses (PDL, a 1-D
+// cluster, cooperative), plus the cluster occupancy query built from the same
+// config.
 #pragma once
 
 // cuda_runtime.h: the C++ launch and occupancy templates (nvcc includes it
@@ -21,9 +22,13 @@ struct LaunchShape {
   bool pdl = false;  // programmatic stream serialization (the kernel calls griddepcontrol.wait)
   // 0: no cluster attribute; n >= 1: 1-D clusters of n CTAs (grid % n == 0).
   unsigned cluster = 0;
+  // Every CTA co-resident (the kernel meets at a grid barrier): the driver
+  // refuses a grid that cannot be (cudaErrorCooperativeLaunchTooLarge)
+  // instead of letting it hang, e.g. in a green context with fewer SMs.
+  bool cooperative = false;
 };
 
-constexpr int kMaxLaunchAttrs = 2;
+constexpr int kMaxLaunchAttrs = 3;
 
 // The configuration of `s` on `stream`; the attributes live in `attr`
 // (storage owned by the caller, referenced by the result).
@@ -45,6 +50,11 @@ inline cudaLaunchConfig_t launch_config(const LaunchShape& s, cudaStream_t strea
     attr[n].val.clusterDim.x = s.cluster;
     attr[n].val.clusterDim.y = 1;
     attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (s.cooperative) {
+    attr[n].id = cudaLaunchAttributeCooperative;
+    attr[n].val.cooperative = 1;
     ++n;
   }
   cfg.attrs = attr;
@@ -74,7 +84,8 @@ m3qkv_status launch(const char* fn, const char* name, void (*kernel)(KArgs...), 
 template <class... KArgs>
 int max_active_clusters(void (*kernel)(KArgs...), unsigned threads, size_t smem, unsigned cluster) {
   cudaLaunchAttribute attr[kMaxLaunchAttrs];
-  const cudaLaunchConfig_t cfg = launch_config(LaunchShape{cluster, threads, smem, false, cluster}, nullptr, attr);
+  const cudaLaunchConfig_t cfg =
+      launch_config(LaunchShape{cluster, threads, smem, false, cluster, false}, nullptr, attr);
   int n = 0;
   if (cudaOccupancyMaxActiveClusters(&n, kernel, &cfg) != cudaSuccess) {
     (void)cudaGetLastError();  // our own failure (status.h rule)

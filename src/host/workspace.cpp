@@ -161,9 +161,9 @@ m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_
                               SplitkBuffers* out) {
   *out = SplitkBuffers{};
   if (plan.split <= 1) return M3QKV_SUCCESS;
-  if (plan.counter_bytes > static_cast<int64_t>(kWorkspaceZeroBytes))
-    return fail(M3QKV_ERROR_INTERNAL, "%s: %lld counter bytes exceed the zeroed workspace head", fn,
-                static_cast<long long>(plan.counter_bytes));
+  if (plan.counter_bytes > static_cast<int64_t>(kSplitkCounterBytesMax))
+    return fail(M3QKV_ERROR_INTERNAL, "%s: %lld counter bytes exceed the zeroed workspace head's %zu counter bytes", fn,
+                static_cast<long long>(plan.counter_bytes), kSplitkCounterBytesMax);
   void* ws = nullptr;
   M3QKV_TRY(stream_workspace(dev, stream, splitk_workspace_bytes(plan), &ws));
   out->counters = static_cast<uint32_t*>(ws);

@@ -15,6 +15,12 @@ namespace m3qkv::host {
 // Bytes at the start of every workspace that are zero when it is handed out
 // for the first time: kernels keep counters there and leave them zero.
 constexpr size_t kWorkspaceZeroBytes = size_t{64} << 10;
+// The head's last 256 bytes: the grid barrier of the one-launch SM90 prefill
+// paths (sm90/convert_sm90.cuh): word 0 an arrival count (left zero), word 1
+// a generation (any value; it only moves forward). Split-K counters stay
+// below it.
+constexpr size_t kGridSyncOffset = kWorkspaceZeroBytes - 256;
+constexpr size_t kSplitkCounterBytesMax = kGridSyncOffset;
 
 // *out = a device buffer of at least `bytes` bytes owned by m3qkv for the
 // pair (dev.context, stream). A stream is named by its cudaStreamGetId

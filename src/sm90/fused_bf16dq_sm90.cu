@@ -21,9 +21,10 @@
 // ((c ^ r%8)·16)); bf16 tiles are [rows][64 bf16] with the same 128-B swizzle,
 // the K-major layout wgmma's descriptor describes (ptx/wgmma.cuh).
 //
-// kPreA (prefill, docs/sm90.md "Prefill step 1"): the activations were
-// converted once per call by dequant_mx_kernel below into a bf16 copy x̂
-// [M][K] (the stream workspace), so the A side needs no transform: a second
+// kPreA (prefill, docs/sm90.md "Prefill step 1"): the activations are
+// converted once per call by the grid itself before its mainloop
+// (convert_sm90.cuh, then a grid barrier; one cooperative launch) into a bf16
+// copy x̂ [M][K] (the stream workspace), so the A side needs no transform: a second
 // producer thread (warp 1) loads x̂ tiles by TMA with the 128-B swizzle
 // straight into the bf16 stages — the very bytes the transform would have
 // stored there (same dequantizer, same swizzle; TMA zero-fills rows past M as
@@ -31,6 +32,7 @@
 // half the conversion work per stage, which bounds variant A at large M.
 // Barrier change: bf_full[s] counts the transform threads plus the A
 // producer's arrive.expect_tx (its tile's bytes).
+#include "sm90/convert_sm90.cuh"
 #include "sm90/dequant_sm90.cuh"
 #include "sm90/epilogue_regs_sm90.cuh"
 #include "sm90/kernel_sm90.cuh"
@@ -207,6 +209,7 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kSplit, kPreA>::kLaunchBound,
   }
   griddepcontrol_wait();
   if (threadIdx.x == 0) trace_event(p, kTrPdlWaitDone);
+  if constexpr (kPreA) convert_phase(p);  // x̂: every CTA converts its share, then the grid barrier
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<C::kProducerRegs>();
@@ -321,37 +324,6 @@ cudaError_t set_smem() {
                               Bf16DqCfg<kCons, kSplit, kPreA>::kSmemBytes);
 }
 
-// MX operands dequantized to bf16, row-major [rows][K] (the activations x̂
-// and, for the prefill kernel, the weights ŵ: both F8_128x4-scaled e4m3 of
-// the same form): thread i converts group i of 8 e4m3 (one row, K 8c .. 8c+7,
-// inside MX block c / 4) with the transform's dequantizer and its MX scale,
-// read from the F8_128x4 chunk of (row / 128, stage c / 16): word
-// sf_chunk_word(row % 128), byte (c / 4) % 4. Grid-stride over job a's groups
-// then job b's; 8-byte loads, 16-byte stores: a warp reads 256 and writes 512
-// contiguous bytes per instruction.
-__global__ void __launch_bounds__(256) dequant_mx_kernel(const DequantJob a, const DequantJob b, int64_t k) {
-  griddepcontrol_wait();  // the operands: typically a previous grid's output (the quantize op)
-  griddepcontrol_launch_dependents();
-  const int64_t groups_per_row = k / 8;
-  const int64_t k_stages = k / kBK;
-  const int64_t na = a.rows * groups_per_row;
-  const int64_t n = na + b.rows * groups_per_row;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const bool in_a = i < na;  // field by field: a reference to either parameter would copy both to the stack
-    const uint8_t* q = in_a ? a.q : b.q;
-    const uint8_t* sf = in_a ? a.sf : b.sf;
-    uint8_t* out = in_a ? a.out : b.out;
-    const int64_t g = in_a ? i : i - na;
-    const int64_t row = g / groups_per_row;
-    const int64_t c = g - row * groups_per_row;
-    const uint2 v = *reinterpret_cast<const uint2*>(q + row * k + 8 * c);
-    const uint8_t* chunk = sf + ((row / 128) * k_stages + c / 16) * kSfChunk;
-    const uint32_t s = chunk[sf_chunk_word(static_cast<int>(row % 128)) + (c / 4) % 4];
-    *reinterpret_cast<uint4*>(out + (row * k + 8 * c) * 2) = dequant8_e4m3_to_bf16(v.x, v.y, s);
-  }
-}
-
 }  // namespace
 
 m3qkv_status launch_bf16dq(int cons, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w, const KernelParams& p,
@@ -369,28 +341,14 @@ cudaError_t prepare_bf16dq() {
   return e;
 }
 
-m3qkv_status launch_dequant_mx(const DequantJob& a, const DequantJob& b, int64_t k, int grid, bool pdl,
-                               cudaStream_t stream) {
-  host::LaunchShape d;
-  d.grid = static_cast<unsigned>(grid);
-  d.threads = 256;
-  d.pdl = pdl;
-  return host::launch("m3qkv_fused_qkv", "dequant_mx_kernel", dequant_mx_kernel, d, stream, a, b, k);
-}
-
-m3qkv_status launch_bf16dq_pre_a(const uint8_t* xq, const uint8_t* xsf, void* xbf, const CUtensorMap& tmap_xbf,
-                                 const CUtensorMap& tmap_w, const KernelParams& p, int grid, int dequant_grid, bool pdl,
-                                 cudaStream_t stream) {
-  const DequantJob x{xq, xsf, static_cast<uint8_t*>(xbf), p.m};
-  M3QKV_TRY(launch_dequant_mx(x, DequantJob{}, static_cast<int64_t>(p.k_stages) * kBK, dequant_grid, pdl, stream));
-  // PDL always: the GEMM's prerequisite is the dequant grid, which itself
-  // waited for the caller's previous work where the caller asked for PDL (and
-  // was stream-ordered after it where not).
+m3qkv_status launch_bf16dq_pre_a(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_w, const KernelParams& p,
+                                 int grid, bool pdl, cudaStream_t stream) {
   host::LaunchShape s;
   s.grid = static_cast<unsigned>(grid);
   s.threads = PreACfg::kThreads;
   s.smem = PreACfg::kSmemBytes;
-  s.pdl = true;
+  s.pdl = pdl;
+  s.cooperative = true;  // the grid barrier after the conversion
   return host::launch("m3qkv_fused_qkv", "fused_bf16dq_kernel<pre_a>", kPreAKernel, s, stream, tmap_xbf, tmap_w, p);
 }
 

@@ -44,6 +44,16 @@ constexpr int kSmemLimit = 232448;          // sm_90 opt-in dynamic shared memor
 static_assert(kBK == kSwizzleBytes, "one swizzle row of e4m3 per tile row and stage");
 static_assert(kBK == 4 * kMxBlock, "one F8_128x4 chunk (4 scale columns) per stage");
 
+// One MX operand to dequantize to bf16 (the one-launch prefill paths'
+// conversion, convert_sm90.cuh): e4m3 `q` [rows][K], its F8_128x4 scales
+// `sf`, the bf16 result `out` [rows][K] (16-B aligned); rows = 0: nothing.
+struct DequantJob {
+  const uint8_t* q = nullptr;
+  const uint8_t* sf = nullptr;
+  uint8_t* out = nullptr;
+  int64_t rows = 0;
+};
+
 // Everything a kernel needs besides the two tensor maps.
 struct KernelParams {
   int32_t m;           // tokens
@@ -60,6 +70,11 @@ struct KernelParams {
   epi::EpilogueParams epi;
   uint64_t* trace;     // test only: per-CTA event times [trace_ctas][kTraceEvents] (ns), or null
   int32_t trace_ctas;
+  // The one-launch prefill paths (pre-A, prefill): what the grid converts
+  // before its mainloop and the grid barrier's two words in the workspace's
+  // zeroed head (host::kGridSyncOffset); conv_sync null elsewhere.
+  DequantJob conv_x, conv_w;
+  uint32_t* conv_sync = nullptr;
 };
 
 // Test-only timeline: events and layout in sm90.h (TraceEvent, sm90_set_trace).
@@ -329,35 +344,21 @@ __device__ __forceinline__ void splitk_exit_sync() {
 m3qkv_status launch_bf16dq(int cons, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w, const KernelParams& p,
                            int grid, bool pdl, cudaStream_t stream);
 cudaError_t prepare_bf16dq();  // cudaFuncSetAttribute (max dynamic smem) of every instance
-// One MX operand to dequantize to bf16 (dequant_mx_kernel): e4m3 `q`
-// [rows][K], its F8_128x4 scales `sf`, the bf16 result `out` [rows][K]
-// (16-B aligned); rows = 0: nothing.
-struct DequantJob {
-  const uint8_t* q = nullptr;
-  const uint8_t* sf = nullptr;
-  uint8_t* out = nullptr;
-  int64_t rows = 0;
-};
-// Converts job a then job b (one grid; `pdl` as use_pdl of the call).
-m3qkv_status launch_dequant_mx(const DequantJob& a, const DequantJob& b, int64_t k, int grid, bool pdl,
-                               cudaStream_t stream);
 // Variant A with pre-converted activations (the prefill instance: BM 128,
-// register epilogue, no split-K): dequant_x_kernel writes x̂ (bf16 [M][K],
-// `xbf`, 16-B aligned, M·K·2 bytes) on `dequant_grid` CTAs, then the GEMM
-// (always with PDL: it overlaps its prologue with the conversion) reads it
-// through `tmap_xbf` (x̂ as bytes: inner 2K, box 128 x 128 rows, 128-B swizzle).
-// `pdl` applies to the first kernel, as `use_pdl` to any fused launch.
-m3qkv_status launch_bf16dq_pre_a(const uint8_t* xq, const uint8_t* xsf, void* xbf, const CUtensorMap& tmap_xbf,
-                                 const CUtensorMap& tmap_w, const KernelParams& p, int grid, int dequant_grid, bool pdl,
-                                 cudaStream_t stream);
-// The prefill kernel (prefill_sm90.cu): dequant_mx_kernel converts x (rows M)
-// and w (rows N) into their bf16 copies, then the TMA-fed bf16 GEMM with the
-// epilogue warpgroup reads them through tmap_xbf / tmap_wbf (bytes: inner 2K,
-// boxes 128 B x 128 rows, 128-B swizzle); PDL always for the GEMM, `pdl` for
-// the conversion (use_pdl of the call).
-m3qkv_status launch_prefill(const DequantJob& x, const DequantJob& w, const CUtensorMap& tmap_xbf,
-                            const CUtensorMap& tmap_wbf, const KernelParams& p, int grid, int dequant_grid, bool pdl,
-                            cudaStream_t stream);
+// register epilogue, no split-K), one cooperative launch: the grid first
+// converts p.conv_x (x̂, bf16 [M][K] in the workspace) and meets at the grid
+// barrier p.conv_sync (convert_sm90.cuh), then the GEMM reads x̂ through
+// `tmap_xbf` (x̂ as bytes: inner 2K, box 128 x 128 rows, 128-B swizzle).
+// `pdl` as `use_pdl` of the call.
+m3qkv_status launch_bf16dq_pre_a(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_w, const KernelParams& p,
+                                 int grid, bool pdl, cudaStream_t stream);
+// The prefill kernel (prefill_sm90.cu), one cooperative launch: the grid
+// converts p.conv_x (rows M) and p.conv_w (rows N) into their bf16 copies,
+// meets at the grid barrier, then the TMA-fed bf16 GEMM with the epilogue
+// warpgroup reads them through tmap_xbf / tmap_wbf (bytes: inner 2K, boxes
+// 128 B x 128 rows, 128-B swizzle). `pdl` as `use_pdl` of the call.
+m3qkv_status launch_prefill(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_wbf, const KernelParams& p, int grid,
+                            bool pdl, cudaStream_t stream);
 cudaError_t prepare_prefill();
 // cudaOccupancyMaxActiveClusters of variant A's split-K instance with clusters of `split` CTAs (-1 on error).
 int max_clusters_bf16dq(int split);

@@ -165,13 +165,13 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   const bool pre_a = variant == kSm90Bf16DequantPreA || (variant == kSm90AutoVariant && pre_a_ok && !prefill);
   host::timing_mark(host::Phase::kPlan);
 
-  // x̂ (pre_a): after the workspace's zeroed head, which belongs to the decode
-  // kernel's arrival counters (left zero by every kernel that uses them).
-  // ŵ (prefill) right after x̂.
+  // x̂ (pre_a): after the workspace's zeroed head, which holds the decode
+  // kernel's arrival counters and (host::kGridSyncOffset) the grid barrier of
+  // the conversion. ŵ (prefill) right after x̂.
+  void* ws = nullptr;
   void* xbf = nullptr;
   uint8_t* wbf = nullptr;
   if (pre_a || prefill) {
-    void* ws = nullptr;
     const size_t xbf_bytes = static_cast<size_t>(a.m) * static_cast<size_t>(a.k) * 2;
     const size_t wbf_bytes = prefill ? static_cast<size_t>(n) * static_cast<size_t>(a.k) * 2 : 0;
     M3QKV_TRY(host::stream_workspace(dev, s, host::kWorkspaceZeroBytes + xbf_bytes + wbf_bytes, &ws));
@@ -213,17 +213,16 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   p.n = in.heads * kHeadDim;
   p.epi = epi::make_epilogue_params(a);
   p.split = plan.split;
+  if (pre_a || prefill) {  // the grid converts x (and w) itself, then meets at the barrier
+    p.conv_x = sm90::DequantJob{static_cast<const uint8_t*>(a.xq), p.xsf, static_cast<uint8_t*>(xbf), a.m};
+    if (prefill) p.conv_w = sm90::DequantJob{static_cast<const uint8_t*>(a.wq), p.wsf, wbf, n};
+    p.conv_sync = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ws) + host::kGridSyncOffset);
+  }
   const bool pdl = a.use_pdl != 0;
-  // The conversion: memory-bound, 8 CTAs of 256 threads per SM (a full SM).
-  const int dequant_grid = 8 * (dev.num_sms > 0 ? dev.num_sms : 1);
-  const m3qkv_status st =
-      prefill ? sm90::launch_prefill(sm90::DequantJob{static_cast<const uint8_t*>(a.xq), p.xsf,
-                                                      static_cast<uint8_t*>(xbf), a.m},
-                                     sm90::DequantJob{static_cast<const uint8_t*>(a.wq), p.wsf, wbf, n}, tmap_x,
-                                     tmap_w, p, plan.grid, dequant_grid, pdl, s)
-      : pre_a ? sm90::launch_bf16dq_pre_a(static_cast<const uint8_t*>(a.xq), p.xsf, xbf, tmap_x, tmap_w, p, plan.grid,
-                                        dequant_grid, pdl, s)
-              : sm90::launch_bf16dq(plan.cons, tmap_x, tmap_w, p, plan.grid, pdl, s);
+  const int conv_grid = sm90::one_launch_grid(plan, dev.num_sms, a.grid);
+  const m3qkv_status st = prefill ? sm90::launch_prefill(tmap_x, tmap_w, p, conv_grid, pdl, s)
+                          : pre_a ? sm90::launch_bf16dq_pre_a(tmap_x, tmap_w, p, conv_grid, pdl, s)
+                                  : sm90::launch_bf16dq(plan.cons, tmap_x, tmap_w, p, plan.grid, pdl, s);
   host::timing_mark(host::Phase::kLaunch);
   return st;
 }

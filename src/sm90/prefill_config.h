@@ -1,8 +1,9 @@
 // Budgets of the SM90 prefill kernel (src/sm90/prefill_sm90.cu, docs/sm90.md
 // "Prefill step 2"): both operands arrive in bf16 (x̂ and ŵ, converted once
-// per call by dequant_mx_kernel into the stream workspace), so no warpgroup
-// converts anything in the mainloop, and the warps that variant A spends on
-// the transform run the epilogue instead, overlapped with the next tile.
+// per call by the grid itself into the stream workspace before its mainloop,
+// convert_sm90.cuh), so no warpgroup converts anything in the mainloop, and
+// the warps that variant A spends on the transform run the epilogue instead,
+// overlapped with the next tile.
 // Every shared-memory byte and register budget derived here, once.
 #pragma once
 

@@ -1,7 +1,8 @@
 // SM90 prefill kernel (docs/sm90.md "Prefill step 2"): both operands in bf16,
-// converted once per call (dequant_mx_kernel: x̂ = the activations, ŵ = the
-// weights, e4m3·2^(s-127) exactly, into the stream workspace), TMA'd with the
-// 128-B swizzle straight into the wgmma stages; bf16 wgmma m64n128k16 with f32
+// converted once per call by the grid itself before its mainloop
+// (convert_sm90.cuh: x̂ = the activations, ŵ = the weights, e4m3·2^(s-127)
+// exactly, into the stream workspace, then a grid barrier; one cooperative
+// launch), TMA'd with the 128-B swizzle straight into the wgmma stages; bf16 wgmma m64n128k16 with f32
 // accumulators over the whole K, so the accumulator is variant A's bit for
 // bit (same operand values, same chain: mainloop_bf16). With no transform in
 // the mainloop, its warpgroup slot runs the epilogue: the consumers hand each
@@ -18,6 +19,7 @@
 // Barriers: full[s] (1 arrival + the stage's bytes), empty[s] (one arrival
 // per consumer warp), ho_full[c] (consumer c's 128 threads), ho_empty[c]
 // (the epilogue's 128 threads).
+#include "sm90/convert_sm90.cuh"
 #include "sm90/epilogue_regs_sm90.cuh"
 #include "sm90/kernel_sm90.cuh"
 #include "sm90/prefill_config.h"
@@ -60,8 +62,9 @@ __global__ void __launch_bounds__(pf::kThreads, 1)
     ptx::prefetch_tensormap(&tmap_wbf);
   }
   __syncthreads();
-  griddepcontrol_wait();  // x̂, ŵ: the dequant grid's output; the epilogue inputs: the caller's
+  griddepcontrol_wait();  // xq, wq and the epilogue inputs: the caller's (a previous grid's output)
   if (threadIdx.x == 0) trace_event(p, kTrPdlWaitDone);
+  convert_phase(p);  // x̂, ŵ: every CTA converts its share, then the grid barrier
 
   if (wg == 0) {
     ptx::setmaxnreg_dec<pf::kProducerRegs>();
@@ -118,16 +121,14 @@ cudaError_t prepare_prefill() {
   return cudaFuncSetAttribute(fused_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pf::kSmemBytes);
 }
 
-m3qkv_status launch_prefill(const DequantJob& x, const DequantJob& w, const CUtensorMap& tmap_xbf,
-                            const CUtensorMap& tmap_wbf, const KernelParams& p, int grid, int dequant_grid, bool pdl,
-                            cudaStream_t stream) {
-  M3QKV_TRY(launch_dequant_mx(x, w, static_cast<int64_t>(p.k_stages) * kBK, dequant_grid, pdl, stream));
-  // PDL always: the prerequisite is the dequant grid (see launch_bf16dq_pre_a).
+m3qkv_status launch_prefill(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_wbf, const KernelParams& p, int grid,
+                            bool pdl, cudaStream_t stream) {
   host::LaunchShape s;
   s.grid = static_cast<unsigned>(grid);
   s.threads = pf::kThreads;
   s.smem = pf::kSmemBytes;
-  s.pdl = true;
+  s.pdl = pdl;
+  s.cooperative = true;  // the grid barrier after the conversion
   return host::launch("m3qkv_fused_qkv", "fused_prefill_kernel", fused_prefill_kernel, s, stream, tmap_xbf, tmap_wbf,
                       p);
 }

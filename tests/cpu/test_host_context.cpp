@@ -15,6 +15,7 @@
 #include "fake_cuda.h"
 #include "host/checked.h"
 #include "host/context.h"
+#include "host/launch.h"
 #include "host/once.h"
 #include "host/tensor_map.h"
 #include "host/workspace.h"
@@ -192,9 +193,9 @@ TEST_F(HostContext, SplitkWorkspaceBindsCountersAndPartials) {
   EXPECT_GE(fake_cuda().mallocs[0].second, host::kWorkspaceZeroBytes + 4096);
   EXPECT_EQ(static_cast<void*>(b.counters), fake_cuda().mallocs[0].first);
   EXPECT_EQ(reinterpret_cast<uint8_t*>(b.partials), reinterpret_cast<uint8_t*>(b.counters) + host::kWorkspaceZeroBytes);
-  plan.counter_bytes = static_cast<int64_t>(host::kWorkspaceZeroBytes) + 256;
+  plan.counter_bytes = static_cast<int64_t>(host::kSplitkCounterBytesMax) + 256;
   EXPECT_EQ(host::splitk_workspace("sm90_fused_decode", d, s, plan, &b), M3QKV_ERROR_INTERNAL);
-  EXPECT_NE(std::string(m3qkv_last_error()).find("sm90_fused_decode: 65792 counter bytes exceed"), std::string::npos)
+  EXPECT_NE(std::string(m3qkv_last_error()).find("sm90_fused_decode: 65536 counter bytes exceed"), std::string::npos)
       << m3qkv_last_error();
   EXPECT_EQ(fake_cuda().mallocs.size(), 1u);
 }
@@ -476,3 +477,34 @@ TEST_F(HostContext, TensorMapsAreEncodedOncePerThreadAndKey) {
 }
 
 }  // namespace
+
+// The one launch-configuration builder: each attribute of the shape once, in
+// the fixed order PDL, cluster, cooperative; none for a plain launch.
+TEST(HostLaunch, ConfigCarriesEachRequestedAttribute) {
+  cudaLaunchAttribute attr[host::kMaxLaunchAttrs];
+  host::LaunchShape s;
+  s.grid = 132;
+  s.threads = 512;
+  s.smem = 200 << 10;
+  cudaLaunchConfig_t c = host::launch_config(s, nullptr, attr);
+  EXPECT_EQ(c.numAttrs, 0u);
+  EXPECT_EQ(c.gridDim.x, 132u);
+  EXPECT_EQ(c.blockDim.x, 512u);
+  EXPECT_EQ(c.dynamicSmemBytes, size_t{200} << 10);
+  s.pdl = true;
+  s.cluster = 2;
+  s.cooperative = true;
+  c = host::launch_config(s, nullptr, attr);
+  ASSERT_EQ(c.numAttrs, 3u);
+  EXPECT_EQ(c.attrs[0].id, cudaLaunchAttributeProgrammaticStreamSerialization);
+  EXPECT_EQ(c.attrs[0].val.programmaticStreamSerializationAllowed, 1);
+  EXPECT_EQ(c.attrs[1].id, cudaLaunchAttributeClusterDimension);
+  EXPECT_EQ(c.attrs[1].val.clusterDim.x, 2u);
+  EXPECT_EQ(c.attrs[2].id, cudaLaunchAttributeCooperative);
+  EXPECT_EQ(c.attrs[2].val.cooperative, 1);
+  s.pdl = false;
+  s.cluster = 0;
+  c = host::launch_config(s, nullptr, attr);
+  ASSERT_EQ(c.numAttrs, 1u);
+  EXPECT_EQ(c.attrs[0].id, cudaLaunchAttributeCooperative);
+}

@@ -222,6 +222,22 @@ TEST(Sm90Plan, PrefillKernelFromM1024WhereItsCopiesFit) {
   EXPECT_FALSE(sm90::prefill_applies(plan90(h200(512, 20)), 512, 2560, 6144)) << "64-row split-K plan";
 }
 
+// The one-launch prefill kernels take every SM for their conversion unless
+// the caller set the grid: 96 tiles on 132 SMs -> 132; 200 tiles -> the
+// plan's 132; an override of 7 -> 7.
+TEST(Sm90Plan, OneLaunchGridTakesEverySmUnlessOverridden) {
+  m3qkv::sm90::Plan p;
+  p.tiles = 96;
+  p.grid = 96;
+  EXPECT_EQ(m3qkv::sm90::one_launch_grid(p, 132, 0), 132);
+  p.tiles = 200;
+  p.grid = 132;
+  EXPECT_EQ(m3qkv::sm90::one_launch_grid(p, 132, 0), 132);
+  p.tiles = 96;
+  p.grid = 7;
+  EXPECT_EQ(m3qkv::sm90::one_launch_grid(p, 132, 7), 7);
+}
+
 TEST(Sm90Plan, GridOverrideIsClampedToTheTiles) {
   sm90::PlanInput in = h200(4096, 20);
   in.grid = 7;

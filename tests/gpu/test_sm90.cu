@@ -140,9 +140,10 @@ struct OnDevice {
   }
 };
 
-// Runs sm90_fused_variant once on fresh poisoned outputs (salt) and fetches them.
+// Runs sm90_fused_variant once on fresh poisoned outputs (salt) and fetches
+// them; on `stream` where given, else on a fresh stream (a fresh workspace).
 void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int salt, Fetched* out,
-              std::vector<float>* acc) {
+              std::vector<float>* acc, cudaStream_t stream = nullptr) {
   DeviceOutputs d;
   CUDA_OK(d.init(p, salt));
   m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
@@ -160,11 +161,12 @@ void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int 
     CUDA_OK(tap.alloc(tap_bytes));
     CUDA_OK(cudaMemset(tap.get(), 0xFF, tap_bytes));  // NaN: an unwritten entry cannot pass
   }
-  Stream s;
-  CUDA_OK(s.error());
-  M3QKV_OK(sm90_call(a, dev, run.tap ? tap.as<float>() : nullptr, s.get(), run.variant, run.block_m, run.split));
+  Stream own;
+  CUDA_OK(own.error());
+  const cudaStream_t st = stream != nullptr ? stream : own.get();
+  M3QKV_OK(sm90_call(a, dev, run.tap ? tap.as<float>() : nullptr, st, run.variant, run.block_m, run.split));
   CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaStreamSynchronize(s.get()));
+  CUDA_OK(cudaStreamSynchronize(st));
   CUDA_OK(fetch_outputs(d, out));
   if (run.tap && acc) CUDA_OK(tap.download_as(acc));
 }
@@ -269,6 +271,40 @@ TEST(Sm90Shapes, TileHeightsGridsPdlGiveGoldenBytes_TP4_M129_K6144) {
         run.grid = grid;
         run.use_pdl = pdl;
         ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M129_K6144"));
+        if (HasFailure()) return;
+      }
+}
+
+// The one-launch prefill paths meet at a grid barrier whose count lives in
+// the stream workspace and must be back at zero for the next launch: one
+// stream, the pre-A and prefill kernels one after the other, with and
+// without PDL, on the plan's grid and on 1 and 7 CTAs (a CTA walks several
+// tiles and converts several groups per thread), every call golden. A count
+// left non-zero would hang the next launch's barrier (the suite's time limit).
+TEST(Sm90Shapes, OneLaunchPrefillBarrierReusedOnOneStream) {
+  M3QKV_REQUIRE_SM90();
+  print_seed_once();
+  const Problem p = make_problem(config(kTP8, 300, 512, /*exact=*/true, 16));
+  const std::vector<float> acc =
+      m3qkv::golden::mxfp8_acc(p.xq.data(), p.xsf.data(), p.wq.data(), p.wsf.data(), p.m, p.n(), p.k);
+  DeviceInputs in;
+  CUDA_OK(in.upload(p));
+  Stream s;
+  CUDA_OK(s.error());
+  int call = 0;
+  for (int grid : {0, 1, 7, 0})
+    for (const Sm90Run& base : {pre_a_run(), prefill_run()})
+      for (int pdl : {1, 0}) {
+        Sm90Run run = base;
+        run.grid = grid;
+        run.use_pdl = pdl;
+        run.tap = false;
+        SCOPED_TRACE("call " + std::to_string(call++) + ": " + run_name(run));
+        Fetched got;
+        ASSERT_NO_FATAL_FAILURE(run_sm90(p, in, run, call % 2, &got, nullptr, s.get()));
+        HostOutputs want = poisoned_host_outputs(p, call % 2);
+        golden_epilogue(p, acc.data(), &want);
+        expect_same_outputs(p, want, got, "one stream [" + run_name(run) + "]");
         if (HasFailure()) return;
       }
 }
