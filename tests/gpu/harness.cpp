@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "api/internal.h"  // m3qkv_testing_fused_qkv (test-only tap + forced backend)
+#include "host/validate.h"
 #include "common/layouts.h"
 #include "common/numerics.h"
 #include "golden/golden.h"
@@ -337,6 +338,58 @@ void run_fused(const Problem& p, const DeviceInputs& in, const FusedRun& run, in
   CUDA_OK(cudaStreamSynchronize(s.get()));
   CUDA_OK(fetch_outputs(d, out));
   if (run.tap && acc) CUDA_OK(tap.download_as(acc));
+}
+
+void run_direct(const Problem& p, const DeviceInputs& in, int use_pdl, int grid, int salt, const DirectLaunch& launch,
+                Fetched* out, std::vector<float>* tap_out, cudaStream_t stream) {
+  DeviceOutputs d;
+  CUDA_OK(d.init(p, salt));
+  CUDA_OK(cudaDeviceSynchronize());  // the poison in place before a non-blocking stream runs (run_fused says why)
+  m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
+  a.use_pdl = use_pdl;
+  a.grid = grid;
+  bool noop = true;
+  m3qkv_fused_args checked;
+  M3QKV_OK(m3qkv::validate_fused(&a, &checked, &noop));
+  ASSERT_FALSE(noop);
+  m3qkv::DeviceInfo dev;
+  M3QKV_OK(m3qkv::current_device_info(&dev));
+  DeviceBuffer tap;
+  const size_t tap_bytes = static_cast<size_t>(p.acc_elems()) * sizeof(float);
+  if (tap_out != nullptr) {
+    CUDA_OK(tap.alloc(tap_bytes));
+    CUDA_OK(cudaMemset(tap.get(), 0xFF, tap_bytes));  // NaN: an unwritten entry cannot pass
+  }
+  Stream own;
+  CUDA_OK(own.error());
+  const cudaStream_t st = stream != nullptr ? stream : own.get();
+  M3QKV_OK(launch(a, dev, tap_out != nullptr ? tap.as<float>() : nullptr, st));
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaStreamSynchronize(st));
+  CUDA_OK(fetch_outputs(d, out));
+  if (tap_out != nullptr) CUDA_OK(tap.download_as(tap_out));
+}
+
+void check_exact_direct(const Problem& p, const std::vector<float>& acc, const std::string& what, const ExactRun& run) {
+  for (int salt = 0; salt < 2; ++salt) {
+    SCOPED_TRACE(what + ", poison salt " + std::to_string(salt));
+    Fetched got;
+    std::vector<float> tap;
+    ASSERT_NO_FATAL_FAILURE(run(salt, &got, salt == 0 ? &tap : nullptr));
+    HostOutputs want = poisoned_host_outputs(p, salt);
+    golden_epilogue(p, acc.data(), &want);
+    expect_same_outputs(p, want, got, what);
+    if (salt == 0) {
+      ASSERT_EQ(tap.size(), acc.size());
+      int64_t first = -1;
+      const int64_t bad = count_f32_mismatch(tap.data(), acc.data(), acc.size(), &first);
+      EXPECT_EQ(bad, 0) << "tap differs from the exact golden accumulator in " << bad << " entries; first ["
+                        << first / p.n() << ", " << first % p.n() << "]: got "
+                        << (first >= 0 ? tap[size_t(first)] : 0.f) << ", expected "
+                        << (first >= 0 ? acc[size_t(first)] : 0.f);
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 std::string backend_label(m3qkv_backend_kind k) {

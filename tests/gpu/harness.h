@@ -22,6 +22,7 @@
 #include "common/problem.h"
 #include "common/test_util.h"
 #include "gpu/gpu_util.h"
+#include "host/device.h"
 #include "m3qkv/m3qkv.h"
 
 namespace m3qkv_gpu {
@@ -162,6 +163,25 @@ struct FusedRun {
 // (call through ASSERT_NO_FATAL_FAILURE).
 void run_fused(const Problem& p, const DeviceInputs& in, const FusedRun& run, int salt, Fetched* out,
                std::vector<float>* acc = nullptr, uint32_t preset_flags = 0);
+
+// The tests of one kernel family call its backend entry directly:
+// launch(validated args, device, f32 tap or null, stream) -> status.
+using DirectLaunch =
+    std::function<m3qkv_status(const m3qkv_fused_args&, const m3qkv::DeviceInfo&, float* tap, cudaStream_t)>;
+
+// Runs `launch` once on fresh poisoned outputs (salt) and fetches them: the
+// problem's args with use_pdl / grid set, validated (not a no-op), an f32 tap
+// poisoned with NaN where `tap_out` is wanted, on `stream` (a fresh stream,
+// so a fresh workspace, where null), synchronized. Fatal gtest failures on
+// error (call through ASSERT_NO_FATAL_FAILURE).
+void run_direct(const Problem& p, const DeviceInputs& in, int use_pdl, int grid, int salt, const DirectLaunch& launch,
+                Fetched* out, std::vector<float>* tap_out, cudaStream_t stream = nullptr);
+
+// Exact data: run(salt, out, tap) for poison salts 0 and 1 (the tap on salt 0
+// only, null on salt 1: the path without a tap), each output against the
+// golden epilogue on `acc`, the tap against `acc` entry by entry.
+using ExactRun = std::function<void(int salt, Fetched* out, std::vector<float>* tap)>;
+void check_exact_direct(const Problem& p, const std::vector<float>& acc, const std::string& what, const ExactRun& run);
 
 // Backends m3qkv_fused_qkv can be forced to on this device: the portable one
 // and, when different, the one automatic dispatch picks.

@@ -144,31 +144,10 @@ struct OnDevice {
 // them; on `stream` where given, else on a fresh stream (a fresh workspace).
 void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int salt, Fetched* out,
               std::vector<float>* acc, cudaStream_t stream = nullptr) {
-  DeviceOutputs d;
-  CUDA_OK(d.init(p, salt));
-  m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
-  a.use_pdl = run.use_pdl;
-  a.grid = run.grid;
-  bool noop = true;
-  m3qkv_fused_args checked;
-  M3QKV_OK(m3qkv::validate_fused(&a, &checked, &noop));
-  ASSERT_FALSE(noop);
-  m3qkv::DeviceInfo dev;
-  M3QKV_OK(m3qkv::current_device_info(&dev));
-  DeviceBuffer tap;
-  const size_t tap_bytes = static_cast<size_t>(p.acc_elems()) * sizeof(float);
-  if (run.tap) {
-    CUDA_OK(tap.alloc(tap_bytes));
-    CUDA_OK(cudaMemset(tap.get(), 0xFF, tap_bytes));  // NaN: an unwritten entry cannot pass
-  }
-  Stream own;
-  CUDA_OK(own.error());
-  const cudaStream_t st = stream != nullptr ? stream : own.get();
-  M3QKV_OK(sm90_call(a, dev, run.tap ? tap.as<float>() : nullptr, st, run.variant, run.block_m, run.split));
-  CUDA_OK(cudaGetLastError());
-  CUDA_OK(cudaStreamSynchronize(st));
-  CUDA_OK(fetch_outputs(d, out));
-  if (run.tap && acc) CUDA_OK(tap.download_as(acc));
+  const auto launch = [&run](const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s) {
+    return sm90_call(a, dev, tap, s, run.variant, run.block_m, run.split);
+  };
+  run_direct(p, in, run.use_pdl, run.grid, salt, launch, out, run.tap ? acc : nullptr, stream);
 }
 
 std::string run_name(const Sm90Run& r) {
@@ -178,28 +157,13 @@ std::string run_name(const Sm90Run& r) {
 }
 
 // Exact data: outputs and tap vs the golden model, both salts.
-void check_exact(const Problem& p, const DeviceInputs& in, const std::vector<float>& acc, Sm90Run run,
+void check_exact(const Problem& p, const DeviceInputs& in, const std::vector<float>& acc, const Sm90Run& run,
                  const std::string& what) {
-  for (int salt = 0; salt < 2; ++salt) {
-    SCOPED_TRACE(what + ", " + run_name(run) + ", poison salt " + std::to_string(salt));
-    run.tap = salt == 0;  // the second run takes the path without a tap
-    Fetched got;
-    std::vector<float> tap;
-    ASSERT_NO_FATAL_FAILURE(run_sm90(p, in, run, salt, &got, &tap));
-    HostOutputs want = poisoned_host_outputs(p, salt);
-    golden_epilogue(p, acc.data(), &want);
-    expect_same_outputs(p, want, got, what + " [" + run_name(run) + "]");
-    if (run.tap) {
-      ASSERT_EQ(tap.size(), acc.size());
-      int64_t first = -1;
-      const int64_t bad = count_f32_mismatch(tap.data(), acc.data(), acc.size(), &first);
-      EXPECT_EQ(bad, 0) << "tap differs from the exact golden accumulator in " << bad << " entries; first ["
-                        << first / p.n() << ", " << first % p.n() << "]: got "
-                        << (first >= 0 ? tap[size_t(first)] : 0.f) << ", expected "
-                        << (first >= 0 ? acc[size_t(first)] : 0.f);
-    }
-    if (::testing::Test::HasFailure()) return;
-  }
+  check_exact_direct(p, acc, what + " [" + run_name(run) + "]", [&](int salt, Fetched* out, std::vector<float>* tap) {
+    Sm90Run r = run;
+    r.tap = tap != nullptr;
+    run_sm90(p, in, r, salt, out, tap);
+  });
 }
 
 // ------------------------------------------------------------ exact sweep
