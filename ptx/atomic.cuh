@@ -1,6 +1,9 @@
 // Global-memory synchronization with the PTX memory model's acquire/release
-// operations (PTX ISA 9.x §8 "Memory Consistency Model", §9.7.9.8 ld, §9.7.9.10
-// st, §9.7.13.5 atom): one thin wrapper per instruction, gpu scope.
+// operations (PTX ISA, "Memory Consistency Model"; the instructions in "Data
+// Movement and Conversion Instructions: ld" / "...: st" and "Parallel
+// Synchronization and Communication Instructions: atom"): one thin wrapper per
+// instruction, gpu scope. Their use in the grid barrier (sm90/convert_sm90.cuh)
+// is exercised by Sm90Shapes.OneLaunchPrefillBarrierReusedOnOneStream.
 #pragma once
 
 #include <stdint.h>
