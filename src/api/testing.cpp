@@ -24,9 +24,9 @@ const char* m3qkv_testing_host_phase_name(int phase) { return host::phase_name(p
 
 m3qkv_status m3qkv_testing_insert_layout(int layout) {
   clear_error();
-  if (layout < 0 || layout > 3)
-    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "m3qkv_testing_insert_layout: layout = %d is not 0, 1, 2 or 3",
-                layout);
+  if (layout < 0 || layout > host::kInsertLayoutMax)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "m3qkv_testing_insert_layout: layout = %d is not in 0 .. %d", layout,
+                host::kInsertLayoutMax);
   host::g_insert_layout.store(layout, std::memory_order_relaxed);
   return M3QKV_SUCCESS;
 }

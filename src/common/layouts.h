@@ -57,11 +57,11 @@ M3_HD int64_t nvfp4_scale_offset_v(int t, int g, int block_size) {
   return static_cast<int64_t>(block_size) * kNvfp4DataBytes +
          ((static_cast<int64_t>(t / 4) * 4 + g / 2) * 8 + (g % 2) * 4 + t % 4);
 }
-// Group g + 4 (g < 4) lies this many bytes after group g, whatever t: in the
-// linear layout 4; in the V swizzle (g + 4) / 2 = g / 2 + 2 rows of 8 bytes,
-// the same g % 2 (CPU test Nvfp4Cache.ScaleUpperDelta checks both).
-constexpr int kNvfp4ScaleUpperDeltaLinear = 4;
-constexpr int kNvfp4ScaleUpperDeltaV = 16;
+// Group g + d lies this many bytes after group g, whatever t and g: in the
+// linear layout d; in the V swizzle 4d, since (g / 2)·8 + (g % 2)·4 = 4g (CPU
+// test Nvfp4Cache.ScaleGroupDelta checks both). The lane-row epilogues' lanes
+// store groups g0, g0 + d, ... of a token from one address.
+M3_HD constexpr int nvfp4_scale_group_delta(bool v_swizzle, int d) { return v_swizzle ? 4 * d : d; }
 
 // ------------------------------------------------- FP8 / BF16 caches (§4b)
 // Cache formats (m3qkv_cache_dtype of the public header).

@@ -3,7 +3,7 @@
 // f32 partial [nt][128] (already in a shared-memory tile T) goes to its
 // workspace slot, the unit counts itself on its (head, token block) counter,
 // and the unit that arrives last sums the S partials in the fixed order
-// s = 0, 1, ..., S-1 and runs the SPEC §3 epilogue (epi::warp_row_epilogue
+// s = 0, 1, ..., S-1 and runs the SPEC §3 epilogue (epi::lane_row_epilogue<32>
 // for blocks of at most one row per warp, else epi::quad_row_epilogue).
 // Plan and unit numbering: src/common/splitk_plan.h.
 //
@@ -29,7 +29,7 @@ constexpr int kHeadCols = 128;  // columns of a head row (= weight rows of a uni
 // per warp) and the float4 row accesses are free of bank conflicts.
 M3_HD int tile_index(int n, int c) { return n * kHeadCols + (c ^ ((n & 3) << 3)); }
 
-// Row n of T as epi::warp_row_epilogue's source (column pairs stay adjacent
+// Row n of T as epi::lane_row_epilogue's source (column pairs stay adjacent
 // and 8-B aligned under the swizzle).
 struct TileRow {
   using Word = float2;
@@ -121,7 +121,7 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
   }
   if (last && mt <= kThreads / 32) {
     // Epilogue of a block with at most one token row per warp (decode at
-    // small M): warp t/32 takes row t/32 (epi::warp_row_epilogue, 4 values
+    // small M): warp t/32 takes row t/32 (epi::lane_row_epilogue<32>, 4 values
     // per lane). The quad form below would give one quad the row's whole
     // 32-value chains while the other lanes idle: the last arriver's tail,
     // which is the kernel's.
@@ -135,7 +135,7 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
         *reinterpret_cast<float2*>(dst + 2 * lane) = src.load(2 * lane);
         *reinterpret_cast<float2*>(dst + kHeadCols / 2 + 2 * lane) = src.load(kHeadCols / 2 + 2 * lane);
       }
-      epi::warp_row_epilogue(p.epi, w.head, row, src);
+      epi::lane_row_epilogue<32>(p.epi, w.head, row, true, src);
     }
   } else if (last) {
     // Epilogue: quad t/4 takes token rows t/4, t/4 + kThreads/4, ...; lane q

@@ -2,10 +2,10 @@
 // outputs + cache insert (any format of SPEC §4 / §4b) on a bf16 projection,
 // float(bf16) in.
 //
-// One pass, every lane busy, in one of two lane layouts (the plan's choice,
-// portable/plan.h insert_plan), one kernel each (the warp form needs 54
-// registers, the quad form 90 on sm_90a: one kernel would give both 97 and
-// the warp form 4 CTAs per SM instead of 9):
+// One pass, every lane busy, in one of the lane layouts the plan picks
+// (portable/plan.h insert_plan), one kernel each (registers differ: one
+// kernel would give every form the largest count and the small forms fewer
+// CTAs per SM):
 //  * quad rows (large M): a warp takes one head of 8 consecutive token rows,
 //    a QUAD of lanes one (row, head) in the quad layout of
 //    epi::quad_row_epilogue (lane q holds columns 8j + 2q + {0, 1}), which
@@ -16,12 +16,15 @@
 //    independent (all in flight together) and the 32-byte sectors a load
 //    leaves half-used are completed by the next j from L1, so DRAM sees each
 //    byte of qkv once.
-//  * warp rows (small M, m3qkv_portable_insert_warp_kernel): a warp takes one
-//    (row, head), 4 values per lane (epi::warp_row_epilogue): the per-row
-//    chain is ~8x shorter, which is what bounds the call when there are too
-//    few rows to fill the GPU.
-//  * mixed (NVFP4 KV above the warp-rows size; the quad kernel): the k / v /
-//    index_k heads in warp rows, the q / index_q heads in quad rows.
+//  * L-lane rows, L = 8 / 16 / 32 (m3qkv_portable_insert_lanes{8,16}_kernel,
+//    m3qkv_portable_insert_warp_kernel): a warp takes one head of 32 / L
+//    consecutive rows, L lanes per row with 128 / L values each
+//    (epi::lane_row_epilogue<L>): a lane's serial chain (norm, RoPE, encode)
+//    covers 16 / 8 / 4 values instead of quad rows' 32, which is what bounds
+//    the call when there are too few rows to fill the GPU, at more
+//    instructions per row (the norm sums run in L / 4 lanes per class).
+//  * mixed (NVFP4 KV; the quad kernel): the k / v / index_k heads in warp
+//    rows, the q / index_q heads in quad rows.
 //
 // Bytes one call must move (bench/RESULTS.md, "insert"): M·N·2 (qkv) + M·24
 // (position, slot, index slot) + M·128 (the cos/sin row) + the outputs
@@ -37,22 +40,38 @@ using namespace m3qkv::portable;
 static_assert(kInsertThreads % 32 == 0, "whole warps");
 static_assert(kInsertRowsPerWarp * 4 == 32, "one quad per row");
 
-// Warp rows: a warp-uniform loop over (row, head), head fastest.
-__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_warp_kernel(const InsertParams p) {
+// L-lane rows: a warp-uniform loop over (32/L-row group, head), head
+// fastest (warp rows: (row, head)).
+template <int L>
+__device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
   griddepcontrol_wait();  // qkv is typically the previous grid's output (the GEMM)
   griddepcontrol_launch_dependents();
 
+  constexpr int kRows = epi::LaneRow<L>::kRowsPerWarp;
   const int heads = total_heads(p.e.nq, p.e.nkv, p.e.niq, p.e.nik);
   const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
   constexpr int kWarps = kInsertThreads / 32;
-  const int64_t items = p.m * heads;
+  const int64_t groups = (p.m + kRows - 1) / kRows;
+  const int64_t items = groups * heads;
+  const int sub = static_cast<int>(threadIdx.x % 32) / L;  // this lane's row in the group
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * kWarps) {
     const int head = static_cast<int>(it % heads);
-    const int64_t row = it / heads;
-    const epi::Bf16Row src{p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim};
-    epi::warp_row_epilogue(p.e, head, row, src);
+    const int64_t row = it / heads * kRows + sub;
+    const bool valid = kRows == 1 || row < p.m;
+    const epi::Bf16Row src{p.qkv + (valid ? row : 0) * n + static_cast<int64_t>(head) * kHeadDim};
+    epi::lane_row_epilogue<L>(p.e, head, row, valid, src);
   }
+}
+
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_warp_kernel(const InsertParams p) {
+  insert_lane_rows<32>(p);
+}
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_lanes16_kernel(const InsertParams p) {
+  insert_lane_rows<16>(p);
+}
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_lanes8_kernel(const InsertParams p) {
+  insert_lane_rows<8>(p);
 }
 
 // Quad rows: a warp-uniform loop over (8-row group, head), head fastest, so
@@ -78,7 +97,7 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
       const int head = cache_head(static_cast<int>(it % cache), p.e.nq, p.e.nkv, p.e.niq);
       const int64_t row = it / cache;
       const epi::Bf16Row src{p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim};
-      epi::warp_row_epilogue(p.e, head, row, src);
+      epi::lane_row_epilogue<32>(p.e, head, row, true, src);
       continue;
     }
     const int64_t jt = it - cache_items;

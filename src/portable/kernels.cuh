@@ -49,12 +49,15 @@ constexpr int kQuantizeThreads = 256;
 // head t % heads of row block t / heads.
 __global__ void m3qkv_portable_fused_kernel(const m3qkv::portable::FusedParams p);
 __global__ void m3qkv_portable_gemm_kernel(const m3qkv::portable::GemmParams p);
-// The insert's two lane layouts (plan.h insert_plan). Quad rows: grid-stride
+// The insert's lane layouts (plan.h insert_plan). Quad rows: grid-stride
 // over (8-row group, head) items, one warp per item, a quad of lanes per
 // 128-value head row (epi::quad_row_epilogue); with p.mixed the cache heads
-// (row, head) items in warp rows come first. Warp rows: over (row, head)
-// items, a warp per head row (epi::warp_row_epilogue).
+// (row, head) items in warp rows come first. L-lane rows (L = 32: warp, 16,
+// 8): over (32/L-row group, head) items, L lanes per head row
+// (epi::lane_row_epilogue<L>).
 __global__ void m3qkv_portable_insert_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_warp_kernel(const m3qkv::portable::InsertParams p);
+__global__ void m3qkv_portable_insert_lanes16_kernel(const m3qkv::portable::InsertParams p);
+__global__ void m3qkv_portable_insert_lanes8_kernel(const m3qkv::portable::InsertParams p);
 // Grid-stride over (padded row, 32-value block) items.
 __global__ void m3qkv_portable_quantize_kernel(const m3qkv::portable::QuantizeParams p);

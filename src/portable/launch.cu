@@ -95,6 +95,9 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
   return st;
 }
 
+static_assert(host::kInsertLayoutMax == static_cast<int>(portable::InsertLayout::kLane8Rows),
+              "the testing hook accepts every layout");
+
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
   const portable::InsertPlan plan = portable::insert_plan(
       a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), cache_heads(a.nkv, a.nik), a.kv_cache_dtype == kCacheNvfp4,
@@ -106,12 +109,21 @@ m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, 
   p.m = a.m;
   p.mixed = plan.layout == portable::InsertLayout::kMixed ? 1 : 0;
   p.e = epi::make_epilogue_params(a);
-  const m3qkv_status st =
-      plan.layout == portable::InsertLayout::kWarpRows
-          ? host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_warp_kernel",
-                         m3qkv_portable_insert_warp_kernel, sh, s, p)
-          : host::launch("m3qkv_qknorm_rope_kv_insert", "m3qkv_portable_insert_kernel", m3qkv_portable_insert_kernel,
-                         sh, s, p);
+  const char* fn = "m3qkv_qknorm_rope_kv_insert";
+  m3qkv_status st;
+  switch (plan.layout) {
+    case portable::InsertLayout::kWarpRows:
+      st = host::launch(fn, "m3qkv_portable_insert_warp_kernel", m3qkv_portable_insert_warp_kernel, sh, s, p);
+      break;
+    case portable::InsertLayout::kLane16Rows:
+      st = host::launch(fn, "m3qkv_portable_insert_lanes16_kernel", m3qkv_portable_insert_lanes16_kernel, sh, s, p);
+      break;
+    case portable::InsertLayout::kLane8Rows:
+      st = host::launch(fn, "m3qkv_portable_insert_lanes8_kernel", m3qkv_portable_insert_lanes8_kernel, sh, s, p);
+      break;
+    default:  // quad rows, mixed
+      st = host::launch(fn, "m3qkv_portable_insert_kernel", m3qkv_portable_insert_kernel, sh, s, p);
+  }
   host::timing_mark(host::Phase::kLaunch);
   return st;
 }
@@ -142,6 +154,8 @@ m3qkv_status portable_warmup(const DeviceInfo& dev) {
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_gemm_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_warp_kernel));
+  M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_lanes16_kernel));
+  M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_lanes8_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_quantize_kernel));
   return M3QKV_SUCCESS;
 }

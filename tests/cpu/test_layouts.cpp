@@ -79,20 +79,23 @@ TEST(Nvfp4Cache, HandComputedOffsets) {
   EXPECT_EQ(nvfp4_scale_offset_linear(127, 6, 128), 9214);  // 8192 + 1016 + 6
 }
 
-// Within a slot, data + scales of all tokens tile the 72·bs bytes exactly once.
-// The warp epilogue stores group g + 4's scale at a fixed delta from group
-// g's (layouts.h kNvfp4ScaleUpperDelta*): true for every token and g < 4.
-TEST(Nvfp4Cache, ScaleUpperDelta) {
+// The lane-row epilogues store group g + d's scale at a fixed delta from
+// group g's (layouts.h nvfp4_scale_group_delta): true for every token and
+// every pair of groups of a token.
+TEST(Nvfp4Cache, ScaleGroupDelta) {
   using namespace m3qkv;
   for (int bs : {16, 64, 128})
     for (int t = 0; t < bs; ++t)
-      for (int g = 0; g < 4; ++g) {
-        EXPECT_EQ(nvfp4_scale_offset_linear(t, g + 4, bs) - nvfp4_scale_offset_linear(t, g, bs),
-                  kNvfp4ScaleUpperDeltaLinear);
-        EXPECT_EQ(nvfp4_scale_offset_v(t, g + 4, bs) - nvfp4_scale_offset_v(t, g, bs), kNvfp4ScaleUpperDeltaV);
-      }
+      for (int g = 0; g < 8; ++g)
+        for (int d = 1; g + d < 8; ++d) {
+          EXPECT_EQ(nvfp4_scale_offset_linear(t, g + d, bs) - nvfp4_scale_offset_linear(t, g, bs),
+                    nvfp4_scale_group_delta(false, d));
+          EXPECT_EQ(nvfp4_scale_offset_v(t, g + d, bs) - nvfp4_scale_offset_v(t, g, bs),
+                    nvfp4_scale_group_delta(true, d));
+        }
 }
 
+// Within a slot, data + scales of all tokens tile the 72·bs bytes exactly once.
 TEST(Nvfp4Cache, SlotBytesTiledOnce) {
   for (int bs : {4, 16, 64, 128}) {
     for (bool v : {false, true}) {

@@ -126,9 +126,15 @@ void golden_insert(const Problem& p, const uint16_t* qkv, HostOutputs* o);
 // The standalone insert's lane layouts (portable/plan.h InsertLayout), forced
 // for one scope through m3qkv_testing_insert_layout; the destructor restores
 // the plan's choice. Tests of the insert run each in turn.
-constexpr int kInsertQuadRows = 1, kInsertWarpRows = 2, kInsertMixed = 3;
+constexpr int kInsertQuadRows = 1, kInsertWarpRows = 2, kInsertMixed = 3, kInsertLane16Rows = 4, kInsertLane8Rows = 5;
+constexpr int kInsertLayouts[] = {kInsertQuadRows, kInsertWarpRows, kInsertMixed, kInsertLane16Rows, kInsertLane8Rows};
+constexpr int kInsertLayoutCount = sizeof(kInsertLayouts) / sizeof(kInsertLayouts[0]);
 inline const char* insert_layout_name(int layout) {
-  return layout == kInsertWarpRows ? "warp rows" : layout == kInsertMixed ? "mixed" : "quad rows";
+  return layout == kInsertWarpRows     ? "warp rows"
+         : layout == kInsertMixed      ? "mixed"
+         : layout == kInsertLane16Rows ? "16-lane rows"
+         : layout == kInsertLane8Rows  ? "8-lane rows"
+                                       : "quad rows";
 }
 class InsertLayoutScope {
  public:

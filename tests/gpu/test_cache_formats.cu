@@ -15,7 +15,7 @@
 //    sm90_fused_decode, split 1 and 2; the automatic SM90 route takes it too at
 //    these M). K = 256: the format is under test.
 //  - GpuCacheFormats.Insert: the same cases through m3qkv_qknorm_rope_kv_insert,
-//    in each of its lane layouts (quad rows, warp rows, mixed) forced
+//    in each of its lane layouts (quad, warp, mixed, 16-lane, 8-lane rows) forced
 //    on a random bf16 projection (zero row, saturating row, all-zero V head).
 //  - GpuCacheFormatsServing: the M3 serving shape (TP4, K = 6144, block 128)
 //    for FP8 and BF16 caches, fused and insert, through the public entry points.
@@ -248,8 +248,8 @@ TEST_P(GpuCacheFormats, Insert) {
   CUDA_OK(in.upload(p));
   M3QKV_ALLOC(dqkv, qkv.size() * 2);
   CUDA_OK(dqkv.upload(qkv));
-  for (int run = 0; run < 6; ++run) {
-    const int layout = run < 2 ? kInsertQuadRows : run < 4 ? kInsertWarpRows : kInsertMixed, salt = run % 2;
+  for (int run = 0; run < 2 * kInsertLayoutCount; ++run) {
+    const int layout = kInsertLayouts[run / 2], salt = run % 2;
     InsertLayoutScope forced(layout);
     const std::string what =
         fmt_case_name(c) + " [insert, " + insert_layout_name(layout) + "] salt " + std::to_string(salt);

@@ -159,7 +159,7 @@ TEST(GpuSanitizer, UnfusedTP8M129) {
   golden_insert(p, want_qkv.data(), &want);
   expect_same_outputs(p, want, got, "sanitizer insert");
   // The plan gives the mixed layout here (NVFP4 KV, 1548 head rows); the other lane layouts too.
-  for (int layout : {kInsertQuadRows, kInsertWarpRows}) {
+  for (int layout : {kInsertQuadRows, kInsertWarpRows, kInsertLane16Rows, kInsertLane8Rows}) {
     InsertLayoutScope forced(layout);
     DeviceOutputs d2;
     CUDA_OK(d2.init(p, 1));

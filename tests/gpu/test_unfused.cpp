@@ -5,7 +5,7 @@
 //  - m3qkv_qknorm_rope_kv_insert: bit-exact vs golden::insert on random bf16
 //    projections (zero rows, saturating rows, skipped / out-of-range slots),
 //    in the plan's lane layout and in each one forced (quad rows, warp rows,
-//    mixed);
+//    mixed, 16-lane and 8-lane rows);
 //  - m3qkv_mxfp8_quantize: bit-exact vs golden::mxfp8_quantize on random
 //    bf16 incl. zero rows and extreme values (padding scale rows included);
 //  - the unfused pair gemm -> insert with PDL equals the golden composition.
@@ -219,9 +219,9 @@ TEST_P(GpuInsert, BitExactVsGoldenInsert) {
   CUDA_OK(in.upload(p));
   M3QKV_ALLOC(dqkv, qkv.size() * 2);
   CUDA_OK(dqkv.upload(qkv));
-  for (int run = 0; run < 8; ++run) {
+  for (int run = 0; run < 2 + 2 * kInsertLayoutCount; ++run) {
     // The plan's layout with and without PDL, then each layout forced, both salts.
-    const int layout = run < 2 ? 0 : run < 4 ? kInsertQuadRows : run < 6 ? kInsertWarpRows : kInsertMixed;
+    const int layout = run < 2 ? 0 : kInsertLayouts[(run - 2) / 2];
     const int salt = run % 2, pdl = run < 2 ? run : 1;
     {
       InsertLayoutScope forced(layout);
