@@ -16,15 +16,16 @@
 //    independent (all in flight together) and the 32-byte sectors a load
 //    leaves half-used are completed by the next j from L1, so DRAM sees each
 //    byte of qkv once.
-//  * L-lane rows, L = 8 / 16 / 32 (m3qkv_portable_insert_lanes{8,16}_kernel,
-//    m3qkv_portable_insert_warp_kernel): a warp takes one head of 32 / L
-//    consecutive rows, L lanes per row with 128 / L values each
-//    (epi::lane_row_epilogue<L>): a lane's serial chain (norm, RoPE, encode)
-//    covers 16 / 8 / 4 values instead of quad rows' 32, which is what bounds
-//    the call when there are too few rows to fill the GPU, at more
-//    instructions per row (the norm sums run in L / 4 lanes per class).
-//  * mixed (NVFP4 KV; the quad kernel): the k / v / index_k heads in warp
-//    rows, the q / index_q heads in quad rows.
+//  * L-lane rows (epi::lane_row_epilogue<L>): a warp takes one head of 32 / L
+//    consecutive rows, L lanes per row with 128 / L values each. A lane's
+//    serial chain (norm, RoPE, encode) covers 16 / 8 / 4 values for L = 8 /
+//    16 / 32 instead of quad rows' 32, which is what bounds the call when
+//    there are too few rows to hide it, at more instructions per row (the
+//    norm sums run in L / 4 lanes per class). Warp rows (L = 32) and 8-lane
+//    rows for every head; the split layouts give the k / v / index_k heads
+//    (the NVFP4 encode's group scales make theirs the longest chains) more
+//    lanes than the q / index_q heads and run them first: 32 and 8 lanes,
+//    16 and 8 lanes.
 //
 // Bytes one call must move (bench/RESULTS.md, "insert"): M·N·2 (qkv) + M·24
 // (position, slot, index slot) + M·128 (the cos/sin row) + the outputs
@@ -40,44 +41,61 @@ using namespace m3qkv::portable;
 static_assert(kInsertThreads % 32 == 0, "whole warps");
 static_assert(kInsertRowsPerWarp * 4 == 32, "one quad per row");
 
-// L-lane rows: a warp-uniform loop over (32/L-row group, head), head
-// fastest (warp rows: (row, head)).
+// One (32/L-row group, head) item of L-lane rows.
 template <int L>
+__device__ __forceinline__ void lane_rows_item(const InsertParams& p, int64_t n, int head, int64_t group) {
+  constexpr int kRows = epi::LaneRow<L>::kRowsPerWarp;
+  const int64_t row = group * kRows + static_cast<int>(threadIdx.x % 32) / L;
+  const bool valid = kRows == 1 || row < p.m;
+  const epi::Bf16Row src{p.qkv + (valid ? row : 0) * n + static_cast<int64_t>(head) * kHeadDim};
+  epi::lane_row_epilogue<L>(p.e, head, row, valid, src);
+}
+
+// L-lane rows, a warp-uniform loop over the items. Lc == Lq: (row group,
+// head) items, head fastest, so the warps of a block read adjacent heads of
+// the same rows. Lc != Lq (split): the (Lc-lane row group, cache head) items
+// first, then the (Lq-lane row group, q / index_q head) items.
+template <int Lc, int Lq>
 __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
   griddepcontrol_wait();  // qkv is typically the previous grid's output (the GEMM)
   griddepcontrol_launch_dependents();
 
-  constexpr int kRows = epi::LaneRow<L>::kRowsPerWarp;
+  constexpr int kRowsC = epi::LaneRow<Lc>::kRowsPerWarp, kRowsQ = epi::LaneRow<Lq>::kRowsPerWarp;
   const int heads = total_heads(p.e.nq, p.e.nkv, p.e.niq, p.e.nik);
   const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
   constexpr int kWarps = kInsertThreads / 32;
-  const int64_t groups = (p.m + kRows - 1) / kRows;
-  const int64_t items = groups * heads;
-  const int sub = static_cast<int>(threadIdx.x % 32) / L;  // this lane's row in the group
+  const int cache = Lc == Lq ? 0 : cache_heads(p.e.nkv, p.e.nik);
+  const int query = heads - cache;
+  const int64_t cache_items = (p.m + kRowsC - 1) / kRowsC * cache;
+  const int64_t items = cache_items + (p.m + kRowsQ - 1) / kRowsQ * query;
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * kWarps) {
-    const int head = static_cast<int>(it % heads);
-    const int64_t row = it / heads * kRows + sub;
-    const bool valid = kRows == 1 || row < p.m;
-    const epi::Bf16Row src{p.qkv + (valid ? row : 0) * n + static_cast<int64_t>(head) * kHeadDim};
-    epi::lane_row_epilogue<L>(p.e, head, row, valid, src);
+    if constexpr (Lc == Lq) {
+      lane_rows_item<Lq>(p, n, static_cast<int>(it % heads), it / heads);
+    } else if (it < cache_items) {  // warp-uniform
+      lane_rows_item<Lc>(p, n, cache_head(static_cast<int>(it % cache), p.e.nq, p.e.nkv, p.e.niq), it / cache);
+    } else {
+      const int64_t jt = it - cache_items;
+      lane_rows_item<Lq>(p, n, query_head(static_cast<int>(jt % query), p.e.nq, p.e.nkv), jt / query);
+    }
   }
 }
 
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_warp_kernel(const InsertParams p) {
-  insert_lane_rows<32>(p);
-}
-__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_lanes16_kernel(const InsertParams p) {
-  insert_lane_rows<16>(p);
+  insert_lane_rows<32, 32>(p);
 }
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_lanes8_kernel(const InsertParams p) {
-  insert_lane_rows<8>(p);
+  insert_lane_rows<8, 8>(p);
+}
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_split_c32q8_kernel(const InsertParams p) {
+  insert_lane_rows<32, 8>(p);
+}
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_split_c16q8_kernel(const InsertParams p) {
+  insert_lane_rows<16, 8>(p);
 }
 
 // Quad rows: a warp-uniform loop over (8-row group, head), head fastest, so
-// the warps of a block read adjacent heads of the same rows. Mixed (p.mixed):
-// the (row, cache head) items first, in warp rows, then the (8-row group,
-// q / index_q head) items; the heavy items start first.
+// the warps of a block read adjacent heads of the same rows.
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(const InsertParams p) {
   griddepcontrol_wait();
   griddepcontrol_launch_dependents();
@@ -85,25 +103,13 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
   const int heads = total_heads(p.e.nq, p.e.nkv, p.e.niq, p.e.nik);
   const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
   constexpr int kWarps = kInsertThreads / 32;
-  const int cache = cache_heads(p.e.nkv, p.e.nik);
-  const int64_t cache_items = p.mixed ? p.m * cache : 0;
-  const int quad_heads = p.mixed ? query_heads(p.e.nq, p.e.niq) : heads;
-  const int64_t items = cache_items + (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * quad_heads;
+  const int64_t items = (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int q = lane % 4;
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * kWarps) {
-    if (it < cache_items) {  // warp-uniform
-      const int head = cache_head(static_cast<int>(it % cache), p.e.nq, p.e.nkv, p.e.niq);
-      const int64_t row = it / cache;
-      const epi::Bf16Row src{p.qkv + row * n + static_cast<int64_t>(head) * kHeadDim};
-      epi::lane_row_epilogue<32>(p.e, head, row, true, src);
-      continue;
-    }
-    const int64_t jt = it - cache_items;
-    const int hq = static_cast<int>(jt % quad_heads);
-    const int head = p.mixed ? query_head(hq, p.e.nq, p.e.nkv) : hq;
-    const int64_t row = jt / quad_heads * kInsertRowsPerWarp + lane / 4;
+    const int head = static_cast<int>(it % heads);
+    const int64_t row = it / heads * kInsertRowsPerWarp + lane / 4;
     const bool valid = row < p.m;
     const epi::QuadHead qh = epi::quad_head(p.e, head, q);
     const uint32_t* src = reinterpret_cast<const uint32_t*>(p.qkv + (valid ? row : 0) * n +

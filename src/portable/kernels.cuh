@@ -30,7 +30,6 @@ struct GemmParams {
 struct InsertParams {
   const uint16_t* qkv;  // bf16 [M, N]
   int64_t m;
-  int32_t mixed;  // quad kernel: 1 = the cache heads in warp rows first, then the others in quad rows (plan.h)
   epi::EpilogueParams e;
 };
 struct QuantizeParams {
@@ -51,13 +50,14 @@ __global__ void m3qkv_portable_fused_kernel(const m3qkv::portable::FusedParams p
 __global__ void m3qkv_portable_gemm_kernel(const m3qkv::portable::GemmParams p);
 // The insert's lane layouts (plan.h insert_plan). Quad rows: grid-stride
 // over (8-row group, head) items, one warp per item, a quad of lanes per
-// 128-value head row (epi::quad_row_epilogue); with p.mixed the cache heads
-// (row, head) items in warp rows come first. L-lane rows (L = 32: warp, 16,
-// 8): over (32/L-row group, head) items, L lanes per head row
-// (epi::lane_row_epilogue<L>).
+// 128-value head row (epi::quad_row_epilogue). L-lane rows (warp: L = 32, 8):
+// over (32/L-row group, head) items, L lanes per head row
+// (epi::lane_row_epilogue<L>). Split c32q8 / c16q8: the cache heads' items in
+// 32- / 16-lane rows first, then the q / index_q heads' in 8-lane rows.
 __global__ void m3qkv_portable_insert_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_warp_kernel(const m3qkv::portable::InsertParams p);
-__global__ void m3qkv_portable_insert_lanes16_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_lanes8_kernel(const m3qkv::portable::InsertParams p);
+__global__ void m3qkv_portable_insert_split_c32q8_kernel(const m3qkv::portable::InsertParams p);
+__global__ void m3qkv_portable_insert_split_c16q8_kernel(const m3qkv::portable::InsertParams p);
 // Grid-stride over (padded row, 32-value block) items.
 __global__ void m3qkv_portable_quantize_kernel(const m3qkv::portable::QuantizeParams p);

@@ -95,7 +95,7 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
   return st;
 }
 
-static_assert(host::kInsertLayoutMax == static_cast<int>(portable::InsertLayout::kLane8Rows),
+static_assert(host::kInsertLayoutMax == static_cast<int>(portable::InsertLayout::kSplitC16Q8),
               "the testing hook accepts every layout");
 
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
@@ -107,7 +107,6 @@ m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, 
   portable::InsertParams p;
   p.qkv = static_cast<const uint16_t*>(a.qkv);
   p.m = a.m;
-  p.mixed = plan.layout == portable::InsertLayout::kMixed ? 1 : 0;
   p.e = epi::make_epilogue_params(a);
   const char* fn = "m3qkv_qknorm_rope_kv_insert";
   m3qkv_status st;
@@ -115,13 +114,18 @@ m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, 
     case portable::InsertLayout::kWarpRows:
       st = host::launch(fn, "m3qkv_portable_insert_warp_kernel", m3qkv_portable_insert_warp_kernel, sh, s, p);
       break;
-    case portable::InsertLayout::kLane16Rows:
-      st = host::launch(fn, "m3qkv_portable_insert_lanes16_kernel", m3qkv_portable_insert_lanes16_kernel, sh, s, p);
-      break;
     case portable::InsertLayout::kLane8Rows:
       st = host::launch(fn, "m3qkv_portable_insert_lanes8_kernel", m3qkv_portable_insert_lanes8_kernel, sh, s, p);
       break;
-    default:  // quad rows, mixed
+    case portable::InsertLayout::kSplitC32Q8:
+      st = host::launch(fn, "m3qkv_portable_insert_split_c32q8_kernel", m3qkv_portable_insert_split_c32q8_kernel, sh, s,
+                        p);
+      break;
+    case portable::InsertLayout::kSplitC16Q8:
+      st = host::launch(fn, "m3qkv_portable_insert_split_c16q8_kernel", m3qkv_portable_insert_split_c16q8_kernel, sh, s,
+                        p);
+      break;
+    default:  // quad rows
       st = host::launch(fn, "m3qkv_portable_insert_kernel", m3qkv_portable_insert_kernel, sh, s, p);
   }
   host::timing_mark(host::Phase::kLaunch);
@@ -154,8 +158,9 @@ m3qkv_status portable_warmup(const DeviceInfo& dev) {
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_gemm_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_warp_kernel));
-  M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_lanes16_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_lanes8_kernel));
+  M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_split_c32q8_kernel));
+  M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_split_c16q8_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_quantize_kernel));
   return M3QKV_SUCCESS;
 }

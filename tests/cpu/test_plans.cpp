@@ -33,22 +33,20 @@ TEST(PortablePlan, OverrideIsClampedToTheWorkItems) {
   EXPECT_EQ(m3qkv::portable::plan_grid(140, 128, 1), 1u);
 }
 
-// The insert's lane layout by head rows per SM (plan.h; 132 SMs): FP8 /
-// BF16 KV warp rows up to 3 per SM (396 rows), 16-lane rows up to 20 (2640;
-// cache-heavy layouts 30: 3960), 8-lane rows up to 40 (5280; cache-heavy 800:
-// 105600), quad rows above; NVFP4 KV warp rows up to 3, mixed up to 120
-// (15840; cache-heavy 30), 8-lane rows up to 800, quad rows above. Each
-// layout's work items; forced layouts and the grid override honoured.
-// Hand-worked edges for TP4 (20 heads, 3 cache), TP8 (12, 3: cache-heavy)
-// and TP1 (77, 9).
+// The insert's lane layout by head rows per SM (plan.h; 132 SMs): warp rows
+// up to 3 per SM (396 rows); NVFP4 KV split c32q8 up to 25 (3300; cache-heavy
+// layouts 60: 7920), split c16q8 up to 200 (26400), 8-lane rows up to 800
+// (105600), quad rows above; FP8 / BF16 KV split c16q8 up to 40 (5280), then
+// quad rows, or in cache-heavy layouts 8-lane rows up to 800. Each layout's
+// work items; forced layouts and the grid override honoured. Hand-worked
+// edges for TP4 (20 heads, 3 cache), TP8 (12, 3: cache-heavy) and TP1 (77, 9).
 TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   using m3qkv::portable::InsertLayout;
   using m3qkv::portable::insert_plan;
   namespace pp = m3qkv::portable;
-  static_assert(pp::kInsertWarpRowsPerSmFlat == 3 && pp::kInsertLane16RowsPerSmFlat == 20 &&
-                    pp::kInsertLane16RowsPerSmFlatHeavy == 30 && pp::kInsertLane8RowsPerSmFlat == 40 &&
-                    pp::kInsertLane8RowsPerSmMax == 800 && pp::kInsertWarpRowsPerSmNvfp4 == 3 &&
-                    pp::kInsertMixedRowsPerSmNvfp4 == 120 && pp::kInsertMixedRowsPerSmNvfp4Heavy == 30,
+  static_assert(pp::kInsertWarpRowsPerSm == 3 && pp::kInsertC32Q8RowsPerSmNvfp4 == 25 &&
+                    pp::kInsertC32Q8RowsPerSmNvfp4Heavy == 60 && pp::kInsertC16Q8RowsPerSmNvfp4 == 200 &&
+                    pp::kInsertC16Q8RowsPerSmFlat == 40 && pp::kInsertLane8RowsPerSmMax == 800,
                 "the cases below are worked for these thresholds");
   auto layout = [](int64_t m, int heads, int cache, bool nvfp4, int sms = 132) {
     return insert_plan(m, heads, cache, nvfp4, sms, 0, InsertLayout::kAuto).layout;
@@ -59,103 +57,97 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   EXPECT_EQ(p.items, 20);
   EXPECT_EQ(p.cache_items, 0);
   EXPECT_EQ(p.grid, 5u);
-  // TP4 FP8: M = 19 -> 380 rows (warp), 20 -> 400: 16-lane rows, 10 row pairs x 20 heads.
+  // TP4 FP8: M = 19 -> 380 rows (warp), 20 -> 400: split c16q8, 10 row pairs x 3
+  // cache heads, then 5 groups of 4 x 17 q / index_q heads; 264 -> 5280
+  // (c16q8), 265: quad rows, 34 groups of 8 x 20.
   EXPECT_EQ(layout(19, 20, 3, false), InsertLayout::kWarpRows);
   p = insert_plan(20, 20, 3, false, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kLane16Rows);
-  EXPECT_EQ(p.items, 10 * 20);
-  EXPECT_EQ(p.grid, 50u);
-  // M = 132 -> 2640 (16-lane), 133 -> 2660: 8-lane rows, 34 groups of 4 x 20 heads;
-  // M = 264 -> 5280 (8-lane), 265: quad rows, 34 groups of 8 x 20.
-  EXPECT_EQ(layout(132, 20, 3, false), InsertLayout::kLane16Rows);
-  p = insert_plan(133, 20, 3, false, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kLane8Rows);
-  EXPECT_EQ(p.items, 34 * 20);
-  EXPECT_EQ(p.grid, 170u);
-  EXPECT_EQ(layout(264, 20, 3, false), InsertLayout::kLane8Rows);
+  EXPECT_EQ(p.layout, InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(p.cache_items, 10 * 3);
+  EXPECT_EQ(p.items, 10 * 3 + 5 * 17);
+  EXPECT_EQ(p.grid, 29u);
+  EXPECT_EQ(layout(264, 20, 3, false), InsertLayout::kSplitC16Q8);
   p = insert_plan(265, 20, 3, false, 132, 0, InsertLayout::kAuto);
   EXPECT_EQ(p.layout, InsertLayout::kQuadRows);
+  EXPECT_EQ(p.cache_items, 0);
   EXPECT_EQ(p.items, 34 * 20);
-  // TP4 NVFP4: M = 1 warp rows; 19 -> 380 (warp), 20 -> 400: mixed, 3 · 20
-  // cache-row items then 3 row groups x 17 q / index_q heads; 792 -> 15840
-  // (mixed), 793: 8-lane rows, 199 groups x 20; 5280 -> 105600 (8-lane), 5281: quad.
-  p = insert_plan(1, 20, 3, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
-  EXPECT_EQ(p.items, 20);
+  // TP4 NVFP4: M = 19 warp; 20 -> 400: split c32q8, 20 rows x 3 cache heads,
+  // then 5 groups x 17; 165 -> 3300 (c32q8), 166: c16q8; 1320 -> 26400
+  // (c16q8), 1321: 8-lane rows, 331 groups x 20; 5280 -> 105600 (8-lane),
+  // 5281: quad.
   EXPECT_EQ(layout(19, 20, 3, true), InsertLayout::kWarpRows);
   p = insert_plan(20, 20, 3, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kMixed);
+  EXPECT_EQ(p.layout, InsertLayout::kSplitC32Q8);
   EXPECT_EQ(p.cache_items, 60);
-  EXPECT_EQ(p.items, 60 + 3 * 17);
-  EXPECT_EQ(p.grid, 28u);
-  p = insert_plan(792, 20, 3, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kMixed);
-  EXPECT_EQ(p.cache_items, 2376);
-  EXPECT_EQ(p.items, 2376 + 99 * 17);
-  EXPECT_EQ(p.grid, 1015u);
-  p = insert_plan(793, 20, 3, true, 132, 0, InsertLayout::kAuto);
+  EXPECT_EQ(p.items, 60 + 5 * 17);
+  EXPECT_EQ(p.grid, 37u);
+  EXPECT_EQ(layout(165, 20, 3, true), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(166, 20, 3, true), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(1320, 20, 3, true), InsertLayout::kSplitC16Q8);
+  p = insert_plan(1321, 20, 3, true, 132, 0, InsertLayout::kAuto);
   EXPECT_EQ(p.layout, InsertLayout::kLane8Rows);
   EXPECT_EQ(p.cache_items, 0);
-  EXPECT_EQ(p.items, 199 * 20);
-  EXPECT_EQ(p.grid, 995u);
+  EXPECT_EQ(p.items, 331 * 20);
+  EXPECT_EQ(p.grid, 1655u);
   EXPECT_EQ(layout(5280, 20, 3, true), InsertLayout::kLane8Rows);
   EXPECT_EQ(layout(5281, 20, 3, true), InsertLayout::kQuadRows);
-  // TP8 (cache-heavy: 4 · 3 >= 12): warp rows up to M = 33 (396); FP8 16-lane
-  // rows up to 330 (3960), 8-lane up to 8800 (105600); NVFP4 mixed up to 330,
-  // 8-lane up to 8800. M = 1024 (93 rows per SM): 8-lane in both.
+  // TP8 (cache-heavy: 4 · 3 >= 12): warp rows up to M = 33 (396); NVFP4 c32q8
+  // up to 660 (7920), c16q8 up to 2200 (26400), 8-lane up to 8800 (105600);
+  // FP8 c16q8 up to 440 (5280), 8-lane up to 8800.
+  EXPECT_EQ(layout(33, 12, 3, true), InsertLayout::kWarpRows);
+  EXPECT_EQ(layout(34, 12, 3, true), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(660, 12, 3, true), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(661, 12, 3, true), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(2200, 12, 3, true), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(2201, 12, 3, true), InsertLayout::kLane8Rows);
+  EXPECT_EQ(layout(8801, 12, 3, true), InsertLayout::kQuadRows);
   EXPECT_EQ(layout(33, 12, 3, false), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(34, 12, 3, false), InsertLayout::kLane16Rows);
-  EXPECT_EQ(layout(330, 12, 3, false), InsertLayout::kLane16Rows);
-  EXPECT_EQ(layout(331, 12, 3, false), InsertLayout::kLane8Rows);
-  EXPECT_EQ(layout(1024, 12, 3, false), InsertLayout::kLane8Rows);
+  EXPECT_EQ(layout(34, 12, 3, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(440, 12, 3, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(441, 12, 3, false), InsertLayout::kLane8Rows);
   EXPECT_EQ(layout(8800, 12, 3, false), InsertLayout::kLane8Rows);
   EXPECT_EQ(layout(8801, 12, 3, false), InsertLayout::kQuadRows);
-  EXPECT_EQ(layout(33, 12, 3, true), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(34, 12, 3, true), InsertLayout::kMixed);
-  EXPECT_EQ(layout(330, 12, 3, true), InsertLayout::kMixed);
-  EXPECT_EQ(layout(331, 12, 3, true), InsertLayout::kLane8Rows);
-  EXPECT_EQ(layout(1024, 12, 3, true), InsertLayout::kLane8Rows);
-  EXPECT_EQ(layout(8801, 12, 3, true), InsertLayout::kQuadRows);
   // One more head without a cache row is no longer cache-heavy (4 · 3 < 13):
-  // the other edges (FP8 M = 407: 5291 rows > 5280; NVFP4 M = 331: 4303 <= 15840).
-  EXPECT_EQ(layout(407, 12, 3, false), InsertLayout::kLane8Rows);
-  EXPECT_EQ(layout(407, 13, 3, false), InsertLayout::kQuadRows);
-  EXPECT_EQ(layout(331, 13, 3, true), InsertLayout::kMixed);
-  // TP1 (77 heads, 9 cache): FP8 warp up to M = 5 (385), 16-lane up to 34
-  // (2618), 8-lane up to 68 (5236), quad from 69; NVFP4 warp up to 5, mixed
-  // up to 205 (15785), 8-lane up to 1371 (105567), quad from 1372. Fewer SMs
-  // move the edges.
+  // FP8 M = 441 (5733 rows > 5280) quad rows; NVFP4 M = 300 (3900 > 3300) c16q8
+  // where the 12-head layout (3600 <= 7920) takes c32q8.
+  EXPECT_EQ(layout(441, 13, 3, false), InsertLayout::kQuadRows);
+  EXPECT_EQ(layout(300, 12, 3, true), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(300, 13, 3, true), InsertLayout::kSplitC16Q8);
+  // TP1 (77 heads, 9 cache): warp rows up to M = 5 (385); FP8 c16q8 up to 68
+  // (5236), quad from 69; NVFP4 c32q8 up to 42 (3234), c16q8 up to 342
+  // (26334), 8-lane up to 1371 (105567), quad from 1372. Fewer SMs move the edges.
   EXPECT_EQ(layout(5, 77, 9, false), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(6, 77, 9, false), InsertLayout::kLane16Rows);
-  EXPECT_EQ(layout(34, 77, 9, false), InsertLayout::kLane16Rows);
-  EXPECT_EQ(layout(35, 77, 9, false), InsertLayout::kLane8Rows);
-  EXPECT_EQ(layout(68, 77, 9, false), InsertLayout::kLane8Rows);
+  EXPECT_EQ(layout(6, 77, 9, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(68, 77, 9, false), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(69, 77, 9, false), InsertLayout::kQuadRows);
-  EXPECT_EQ(layout(5, 77, 9, false, 100), InsertLayout::kLane16Rows);
+  EXPECT_EQ(layout(5, 77, 9, false, 100), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(5, 77, 9, true), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(6, 77, 9, true), InsertLayout::kMixed);
-  EXPECT_EQ(layout(205, 77, 9, true), InsertLayout::kMixed);
-  EXPECT_EQ(layout(206, 77, 9, true), InsertLayout::kLane8Rows);
+  EXPECT_EQ(layout(6, 77, 9, true), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(42, 77, 9, true), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(43, 77, 9, true), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(342, 77, 9, true), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(343, 77, 9, true), InsertLayout::kLane8Rows);
   EXPECT_EQ(layout(1371, 77, 9, true), InsertLayout::kLane8Rows);
   EXPECT_EQ(layout(1372, 77, 9, true), InsertLayout::kQuadRows);
-  // Forced at any size.
+  // Forced at any size; the split layouts' two item kinds (M = 5: 3 row pairs
+  // x 3 cache heads + 2 groups of 4 x 17; c32q8: 5 x 3 + 2 x 17).
   p = insert_plan(16384, 20, 3, false, 132, 0, InsertLayout::kWarpRows);
   EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
   EXPECT_EQ(p.items, 16384 * 20);
   p = insert_plan(1, 20, 3, true, 132, 0, InsertLayout::kQuadRows);
   EXPECT_EQ(p.layout, InsertLayout::kQuadRows);
   EXPECT_EQ(p.items, 20);
-  p = insert_plan(1, 20, 3, false, 132, 0, InsertLayout::kMixed);
-  EXPECT_EQ(p.layout, InsertLayout::kMixed);
-  EXPECT_EQ(p.cache_items, 3);
-  // 16-lane rows: 2 rows per warp item, 8-lane rows: 4 (M = 5: 3 and 2 row groups x 20 heads).
-  p = insert_plan(5, 20, 3, true, 132, 0, InsertLayout::kLane16Rows);
-  EXPECT_EQ(p.layout, InsertLayout::kLane16Rows);
-  EXPECT_EQ(p.cache_items, 0);
-  EXPECT_EQ(p.items, 3 * 20);
-  EXPECT_EQ(p.grid, 15u);
+  p = insert_plan(5, 20, 3, false, 132, 0, InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(p.layout, InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(p.cache_items, 9);
+  EXPECT_EQ(p.items, 9 + 34);
+  EXPECT_EQ(p.grid, 11u);
+  p = insert_plan(5, 20, 3, true, 132, 0, InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(p.cache_items, 15);
+  EXPECT_EQ(p.items, 15 + 34);
   p = insert_plan(5, 20, 3, false, 132, 0, InsertLayout::kLane8Rows);
   EXPECT_EQ(p.layout, InsertLayout::kLane8Rows);
+  EXPECT_EQ(p.cache_items, 0);
   EXPECT_EQ(p.items, 2 * 20);
   EXPECT_EQ(p.grid, 10u);
   EXPECT_EQ(insert_plan(8, 20, 3, false, 132, 0, InsertLayout::kLane8Rows).items, 2 * 20);

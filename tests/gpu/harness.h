@@ -126,14 +126,16 @@ void golden_insert(const Problem& p, const uint16_t* qkv, HostOutputs* o);
 // The standalone insert's lane layouts (portable/plan.h InsertLayout), forced
 // for one scope through m3qkv_testing_insert_layout; the destructor restores
 // the plan's choice. Tests of the insert run each in turn.
-constexpr int kInsertQuadRows = 1, kInsertWarpRows = 2, kInsertMixed = 3, kInsertLane16Rows = 4, kInsertLane8Rows = 5;
-constexpr int kInsertLayouts[] = {kInsertQuadRows, kInsertWarpRows, kInsertMixed, kInsertLane16Rows, kInsertLane8Rows};
+constexpr int kInsertQuadRows = 1, kInsertWarpRows = 2, kInsertLane8Rows = 3, kInsertSplitC32Q8 = 4,
+              kInsertSplitC16Q8 = 5;
+constexpr int kInsertLayouts[] = {kInsertQuadRows, kInsertWarpRows, kInsertLane8Rows, kInsertSplitC32Q8,
+                                  kInsertSplitC16Q8};
 constexpr int kInsertLayoutCount = sizeof(kInsertLayouts) / sizeof(kInsertLayouts[0]);
 inline const char* insert_layout_name(int layout) {
   return layout == kInsertWarpRows     ? "warp rows"
-         : layout == kInsertMixed      ? "mixed"
-         : layout == kInsertLane16Rows ? "16-lane rows"
          : layout == kInsertLane8Rows  ? "8-lane rows"
+         : layout == kInsertSplitC32Q8 ? "split c32q8"
+         : layout == kInsertSplitC16Q8 ? "split c16q8"
                                        : "quad rows";
 }
 class InsertLayoutScope {

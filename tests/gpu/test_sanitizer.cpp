@@ -158,8 +158,8 @@ TEST(GpuSanitizer, UnfusedTP8M129) {
   HostOutputs want = poisoned_host_outputs(p, 1);
   golden_insert(p, want_qkv.data(), &want);
   expect_same_outputs(p, want, got, "sanitizer insert");
-  // The plan gives the mixed layout here (NVFP4 KV, 1548 head rows); the other lane layouts too.
-  for (int layout : {kInsertQuadRows, kInsertWarpRows, kInsertLane16Rows, kInsertLane8Rows}) {
+  // The plan's layout above (NVFP4 KV, TP8, 1548 head rows: split c32q8); the others forced.
+  for (int layout : {kInsertQuadRows, kInsertWarpRows, kInsertLane8Rows, kInsertSplitC16Q8}) {
     InsertLayoutScope forced(layout);
     DeviceOutputs d2;
     CUDA_OK(d2.init(p, 1));
