@@ -22,32 +22,33 @@ inline unsigned plan_grid(int64_t items, int64_t per_block, int32_t override_gri
 }
 
 // The standalone insert (src/portable/insert.cu): 4-warp CTAs over (rows,
-// head) items, one item per warp, in one of two lane layouts.
+// head) items, one item per warp, in one of five lane layouts (below).
 constexpr int kInsertThreads = 128;    // 4 warps
 constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 token rows, a quad per row
 // Lane layouts of the insert, read off the H200 (bench/RESULTS.md v13:
 // insert_<fmt>_quad / _warp / _l8 / _c32q8 / _c16q8 forced, every TP, M
-// 1-4096, four runs), by head rows per SM R = m·heads / SMs. A quad per row
-// gives the fewest instructions per row, but a lane's chain of 32 values is
-// the call's latency when there are too few rows to hide it; more lanes per
-// row shorten the chain (8-lane rows: 16 values, warp rows: 4) at more
-// instructions per row (each lane of a class repeats the class's norm sum).
-// The split layouts give the cache heads (k, v, index_k) more lanes than the
-// q / index_q heads: with NVFP4 caches their group scales make theirs the
-// longest chains.
+// 1-2048 in three runs, 4096 in one; each figure pair from one run), by head
+// rows per SM R = m·heads / SMs. A quad per row gives the fewest
+// instructions per row, but a lane's chain of 32 values is the call's
+// latency when there are too few rows to hide it; more lanes per row shorten
+// the chain (8-lane rows: 16 values, warp rows: 4) at more instructions per
+// row (each lane of a class repeats the class's norm sum). The split layouts
+// give the cache heads (k, v, index_k) more lanes than the q / index_q
+// heads: with NVFP4 caches their group scales make theirs the longest chains.
 //  * NVFP4 KV: warp rows up to kInsertWarpRowsPerSm (M = 1); split c32q8 up
 //    to kInsertC32Q8RowsPerSmNvfp4 (-Heavy) (TP2 M = 64, 19 per SM: 2.48 /
 //    the earlier mixed layout, cache heads in warp rows + quad rows, 2.98);
 //    split c16q8 up to kInsertC16Q8RowsPerSmNvfp4 (TP1 M = 256, 149 per SM:
 //    6.11 / mixed 6.65 / 8-lane 6.46); 8-lane rows up to
-//    kInsertLane8RowsPerSmMax (TP1 M = 1024, 597 per SM: 18.2 / c16q8 18.8 /
-//    quad 19.3); quad rows above, where the call is bandwidth-bound and quad
-//    rows' fewer instructions win (TP1 M = 4096, 2390 per SM: 62.5 / 8-lane
-//    67.2).
+//    kInsertLane8RowsPerSmMax (TP1 M = 1024, 597 per SM: 18.2 / c16q8 18.8;
+//    another run: 18.1 / quad 19.3); quad rows above, where the call is
+//    bandwidth-bound and quad rows' fewer instructions win (TP1 M = 4096,
+//    2390 per SM: 62.5 / 8-lane 67.2).
 //  * FP8 / BF16 KV: warp rows up to kInsertWarpRowsPerSm; split c16q8 up to
-//    kInsertC16Q8RowsPerSmFlat (TP4 M = 256, 39 per SM: 2.75 / 8-lane 2.96 /
-//    quad 2.96); then quad rows (TP4 M = 512, 78 per SM: 4.29 / c16q8 4.40),
-//    except in cache-heavy layouts, 8-lane rows up to kInsertLane8RowsPerSmMax.
+//    kInsertC16Q8RowsPerSmFlat (TP4 M = 256, 39 per SM: 2.75 / 8-lane 2.96;
+//    another run: 8-lane 3.09 / quad 3.35); then quad rows (TP4 M = 512, 78
+//    per SM: 4.29 / c16q8 4.40), except in cache-heavy layouts: 8-lane rows
+//    up to kInsertLane8RowsPerSmMax.
 //  * "Cache-heavy" layouts (cache heads >= 1/4 of the heads: TP8's 3 of 12)
 //    keep shorter chains over a wider band: TP8 M = 1024 (93 per SM), FP8
 //    8-lane 4.90 / quad 5.33 µs where TP4 M = 1024 (155 per SM) has quad 6.06
