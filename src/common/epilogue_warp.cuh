@@ -72,18 +72,26 @@ struct LaneRow {
   static constexpr int kRowsPerWarp = 32 / L;
 };
 
+// Which heads a caller passes: any, only cache heads (k, v, index_k) or only
+// q / index_q heads. A caller that runs both classes in separate loops (the
+// insert's split layouts) instantiates one form per class without the other
+// class's branches: half the code of two kAny forms (the split kernel's
+// instruction fetch stalls, bench/RESULTS.md v13).
+enum class RowHeads { kAny, kCache, kQuery };
+
 // The epilogue of token `row` for head `head`, its 128 values from `src`.
 // Called by every lane of the warp; the L lanes of a row pass the same
-// (row, valid), every lane of the warp the same head.
-template <int L, class Src>
+// (row, valid), every lane of the warp the same head, of the class H says.
+template <int L, RowHeads H = RowHeads::kAny, class Src>
 __device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int head, int64_t row, bool valid,
                                                   const Src& src) {
+  constexpr bool kMayQuery = H != RowHeads::kCache, kMayCache = H != RowHeads::kQuery;
   constexpr int K = LaneRow<L>::kK, NU = LaneRow<L>::kUnits;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int r = lane % L, k = r / 4, q = r % 4;
   const HeadInfo hi = head_info(head, e.nq, e.nkv, e.niq);
   const HeadKind kind = hi.kind;
-  const bool norm = kind != HeadKind::V;
+  const bool norm = !kMayCache || kind != HeadKind::V;
 
   // Round 1: the lane's units, the quad-layout words of the sums, the norm
   // weights, and (row_inputs) the slot and position.
@@ -153,7 +161,7 @@ __device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int h
   }
 
   // Stores: unit i at row byte (r + L·i)·U.
-  if (kind == HeadKind::Q) {
+  if (kMayQuery && kind == HeadKind::Q) {
     if (!valid) return;  // no shuffles below
     const int64_t off = (row * e.nq + hi.index) * kHeadDim;  // the row's element 0
     if (e.q_out != nullptr) {
@@ -167,67 +175,70 @@ __device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int h
       for (int i = 0; i < NU; ++i)
         o[r + L * i] = static_cast<uint16_t>(pack_e4m3x2(mul_rn(y[2 * i], e.qinv), mul_rn(y[2 * i + 1], e.qinv)));
     }
-  } else if (kind == HeadKind::IndexQ) {
+  } else if (kMayQuery && kind == HeadKind::IndexQ) {
     if (!valid) return;
     uint16_t* o = reinterpret_cast<uint16_t*>(e.index_q_out + (row * e.niq + hi.index) * kHeadDim);
 #pragma unroll
     for (int i = 0; i < NU; ++i) o[r + L * i] = static_cast<uint16_t>(pack_e4m3x2(y[2 * i], y[2 * i + 1]));
-  } else if (d.cache_dtype != kCacheNvfp4) {
-    if (!d.to_cache) return;  // false unless valid; no shuffles below
-    // index_k: unit scale as a multiply by 1, identical bytes (epi::flat_store_head says why).
-    const float sf = kind == HeadKind::K ? e.k_sf : kind == HeadKind::V ? e.v_sf : 1.0f;
-    if (d.cache_dtype == kCacheFp8) {
-      uint16_t* o = reinterpret_cast<uint16_t*>(d.slot_base);
-#pragma unroll
-      for (int i = 0; i < NU; ++i)
-        o[r + L * i] = static_cast<uint16_t>(pack_e4m3x2(mul_rn(y[2 * i], sf), mul_rn(y[2 * i + 1], sf)));
-    } else {
-      uint32_t* o = reinterpret_cast<uint32_t*>(d.slot_base);
-#pragma unroll
-      for (int i = 0; i < NU; ++i) o[r + L * i] = pack_bf16x2(y[2 * i], y[2 * i + 1]);
-    }
-  } else {
-    // Warp rows: the warp holds one row, so the guard is warp-uniform and
-    // may skip the shuffles; with several rows per warp every lane takes them.
-    if (K == 8 && !d.to_cache) return;
-    const bool has_sf = kind != HeadKind::IndexK;
-    const float sf = kind == HeadKind::K ? e.k_sf : e.v_sf;
-    float a[NU];  // unit i's group k / 2 + (K / 2)·i
-#pragma unroll
-    for (int i = 0; i < NU; ++i) a[i] = max_num(max_num(0.0f, abs_f32(y[2 * i])), abs_f32(y[2 * i + 1]));
-#pragma unroll
-    for (int m = 1; m <= 4; m *= 2)
-#pragma unroll
-      for (int i = 0; i < NU; ++i) a[i] = max_num(a[i], __shfl_xor_sync(0xffffffffu, a[i], m));
-    float rc[NU];
-    uint32_t s2[NU / 2];  // the scale bytes of units 2i' (low) and 2i' + 1
-#pragma unroll
-    for (int i = 0; i < NU; i += 2) s2[i / 2] = nvfp4_group_scale2_dev(a[i], a[i + 1], has_sf, sf, &rc[i], &rc[i + 1]);
-    if (!d.to_cache) return;  // no shuffles below
-    uint8_t* data = d.slot_base + nvfp4_data_offset(d.sa.token, 0);
-#pragma unroll
-    for (int i = 0; i < NU; ++i) data[r + L * i] = static_cast<uint8_t>(nvfp4_encode2(y[2 * i], y[2 * i + 1], rc[i]));
-    // Lanes q = 0 with k even hold groups k / 2 + (K / 2)·i and store them
-    // (byte stores from one address: no gather of the eight bytes into one
-    // lane, whose shuffles were on the row's critical path). L = 8: lane 0
-    // holds all eight, in the linear layout one 8-byte store.
-    if (q == 0 && k % 2 == 0) {
-      const bool v = kind == HeadKind::V;
-      bool stored = false;
-      if constexpr (K == 2) {
-        if (!v) {
-          *reinterpret_cast<uint2*>(d.slot_base + nvfp4_scale_offset_linear(d.sa.token, 0, e.block_size)) =
-              make_uint2(s2[0] | s2[1] << 16, s2[2] | s2[3] << 16);
-          stored = true;
-        }
-      }
-      if (!stored) {
-        const int g0 = k / 2;
-        uint8_t* s = d.slot_base + (v ? nvfp4_scale_offset_v(d.sa.token, g0, e.block_size)
-                                      : nvfp4_scale_offset_linear(d.sa.token, g0, e.block_size));
+  } else if constexpr (kMayCache) {
+    if (d.cache_dtype != kCacheNvfp4) {
+      if (!d.to_cache) return;  // false unless valid; no shuffles below
+      // index_k: unit scale as a multiply by 1, identical bytes (epi::flat_store_head says why).
+      const float sf = kind == HeadKind::K ? e.k_sf : kind == HeadKind::V ? e.v_sf : 1.0f;
+      if (d.cache_dtype == kCacheFp8) {
+        uint16_t* o = reinterpret_cast<uint16_t*>(d.slot_base);
 #pragma unroll
         for (int i = 0; i < NU; ++i)
-          s[nvfp4_scale_group_delta(v, K / 2 * i)] = static_cast<uint8_t>(s2[i / 2] >> (8 * (i % 2)));
+          o[r + L * i] = static_cast<uint16_t>(pack_e4m3x2(mul_rn(y[2 * i], sf), mul_rn(y[2 * i + 1], sf)));
+      } else {
+        uint32_t* o = reinterpret_cast<uint32_t*>(d.slot_base);
+#pragma unroll
+        for (int i = 0; i < NU; ++i) o[r + L * i] = pack_bf16x2(y[2 * i], y[2 * i + 1]);
+      }
+    } else {
+      // Warp rows: the warp holds one row, so the guard is warp-uniform and
+      // may skip the shuffles; with several rows per warp every lane takes them.
+      if (K == 8 && !d.to_cache) return;
+      const bool has_sf = kind != HeadKind::IndexK;
+      const float sf = kind == HeadKind::K ? e.k_sf : e.v_sf;
+      float a[NU];  // unit i's group k / 2 + (K / 2)·i
+#pragma unroll
+      for (int i = 0; i < NU; ++i) a[i] = max_num(max_num(0.0f, abs_f32(y[2 * i])), abs_f32(y[2 * i + 1]));
+#pragma unroll
+      for (int m = 1; m <= 4; m *= 2)
+#pragma unroll
+        for (int i = 0; i < NU; ++i) a[i] = max_num(a[i], __shfl_xor_sync(0xffffffffu, a[i], m));
+      float rc[NU];
+      uint32_t s2[NU / 2];  // the scale bytes of units 2i' (low) and 2i' + 1
+#pragma unroll
+      for (int i = 0; i < NU; i += 2)
+        s2[i / 2] = nvfp4_group_scale2_dev(a[i], a[i + 1], has_sf, sf, &rc[i], &rc[i + 1]);
+      if (!d.to_cache) return;  // no shuffles below
+      uint8_t* data = d.slot_base + nvfp4_data_offset(d.sa.token, 0);
+#pragma unroll
+      for (int i = 0; i < NU; ++i) data[r + L * i] = static_cast<uint8_t>(nvfp4_encode2(y[2 * i], y[2 * i + 1], rc[i]));
+      // Lanes q = 0 with k even hold groups k / 2 + (K / 2)·i and store them
+      // (byte stores from one address: no gather of the eight bytes into one
+      // lane, whose shuffles were on the row's critical path). L = 8: lane 0
+      // holds all eight, in the linear layout one 8-byte store.
+      if (q == 0 && k % 2 == 0) {
+        const bool v = kind == HeadKind::V;
+        bool stored = false;
+        if constexpr (K == 2) {
+          if (!v) {
+            *reinterpret_cast<uint2*>(d.slot_base + nvfp4_scale_offset_linear(d.sa.token, 0, e.block_size)) =
+                make_uint2(s2[0] | s2[1] << 16, s2[2] | s2[3] << 16);
+            stored = true;
+          }
+        }
+        if (!stored) {
+          const int g0 = k / 2;
+          uint8_t* s = d.slot_base + (v ? nvfp4_scale_offset_v(d.sa.token, g0, e.block_size)
+                                        : nvfp4_scale_offset_linear(d.sa.token, g0, e.block_size));
+#pragma unroll
+          for (int i = 0; i < NU; ++i)
+            s[nvfp4_scale_group_delta(v, K / 2 * i)] = static_cast<uint8_t>(s2[i / 2] >> (8 * (i % 2)));
+        }
       }
     }
   }

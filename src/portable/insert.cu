@@ -41,14 +41,14 @@ using namespace m3qkv::portable;
 static_assert(kInsertThreads % 32 == 0, "whole warps");
 static_assert(kInsertRowsPerWarp * 4 == 32, "one quad per row");
 
-// One (32/L-row group, head) item of L-lane rows.
-template <int L>
+// One (32/L-row group, head) item of L-lane rows, the head of class H.
+template <int L, epi::RowHeads H>
 __device__ __forceinline__ void lane_rows_item(const InsertParams& p, int64_t n, int head, int64_t group) {
   constexpr int kRows = epi::LaneRow<L>::kRowsPerWarp;
   const int64_t row = group * kRows + static_cast<int>(threadIdx.x % 32) / L;
   const bool valid = kRows == 1 || row < p.m;
   const epi::Bf16Row src{p.qkv + (valid ? row : 0) * n + static_cast<int64_t>(head) * kHeadDim};
-  epi::lane_row_epilogue<L>(p.e, head, row, valid, src);
+  epi::lane_row_epilogue<L, H>(p.e, head, row, valid, src);
 }
 
 // L-lane rows, a warp-uniform loop over the items. Lc == Lq: (row group,
@@ -71,12 +71,14 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
   for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
        it += static_cast<int64_t>(gridDim.x) * kWarps) {
     if constexpr (Lc == Lq) {
-      lane_rows_item<Lq>(p, n, static_cast<int>(it % heads), it / heads);
+      lane_rows_item<Lq, epi::RowHeads::kAny>(p, n, static_cast<int>(it % heads), it / heads);
     } else if (it < cache_items) {  // warp-uniform
-      lane_rows_item<Lc>(p, n, cache_head(static_cast<int>(it % cache), p.e.nq, p.e.nkv, p.e.niq), it / cache);
+      const int head = cache_head(static_cast<int>(it % cache), p.e.nq, p.e.nkv, p.e.niq);
+      lane_rows_item<Lc, epi::RowHeads::kCache>(p, n, head, it / cache);
     } else {
       const int64_t jt = it - cache_items;
-      lane_rows_item<Lq>(p, n, query_head(static_cast<int>(jt % query), p.e.nq, p.e.nkv), jt / query);
+      lane_rows_item<Lq, epi::RowHeads::kQuery>(p, n, query_head(static_cast<int>(jt % query), p.e.nq, p.e.nkv),
+                                                jt / query);
     }
   }
 }
