@@ -27,7 +27,8 @@ constexpr int kInsertThreads = 128;    // 4 warps
 constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 token rows, a quad per row
 // Lane layouts of the insert, read off the H200 (bench/RESULTS.md v13:
 // insert_<fmt>_quad / _warp / _l8 / _c32q8 / _c16q8 forced, every TP, M
-// 1-2048 in three runs, 4096 in one; each figure pair from one run), by head
+// 1-2048 in four runs, 4096 in one; each figure pair from one run; the
+// split figures from the last, on the final kernels), by head
 // rows per SM R = m·heads / SMs. A quad per row gives the fewest
 // instructions per row, but a lane's chain of 32 values is the call's
 // latency when there are too few rows to hide it; more lanes per row shorten
@@ -36,29 +37,25 @@ constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 toke
 // give the cache heads (k, v, index_k) more lanes than the q / index_q
 // heads: with NVFP4 caches their group scales make theirs the longest chains.
 //  * NVFP4 KV: warp rows up to kInsertWarpRowsPerSm (M = 1); split c32q8 up
-//    to kInsertC32Q8RowsPerSmNvfp4 (-Heavy) (TP2 M = 64, 19 per SM: 2.48 /
-//    the earlier mixed layout, cache heads in warp rows + quad rows, 2.98);
-//    split c16q8 up to kInsertC16Q8RowsPerSmNvfp4 (TP1 M = 256, 149 per SM:
-//    6.11 / mixed 6.65 / 8-lane 6.46); 8-lane rows up to
-//    kInsertLane8RowsPerSmMax (TP1 M = 1024, 597 per SM: 18.2 / c16q8 18.8;
-//    another run: 18.1 / quad 19.3); quad rows above, where the call is
-//    bandwidth-bound and quad rows' fewer instructions win (TP1 M = 4096,
-//    2390 per SM: 62.5 / 8-lane 67.2).
+//    to kInsertC32Q8RowsPerSmNvfp4 (TP2 M = 64, 19 per SM: 2.44 / c16q8 2.54
+//    / 8-lane 3.12; an earlier run: 2.48 / the mixed layout of v12, cache
+//    heads in warp rows + quad rows, 2.98); split
+//    c16q8 up to kInsertShortChainRowsPerSmMax (TP8 M = 512, 46 per SM: 3.32
+//    / c32q8 3.96 / 8-lane 3.89; TP1 M = 1024, 597 per SM: 17.7 / 8-lane
+//    18.3); quad rows above, where the call is bandwidth-bound and quad rows'
+//    fewer instructions win (TP1 M = 4096, 2390 per SM: 62.5 / 8-lane 67.2).
 //  * FP8 / BF16 KV: warp rows up to kInsertWarpRowsPerSm; split c16q8 up to
 //    kInsertC16Q8RowsPerSmFlat (TP4 M = 256, 39 per SM: 2.75 / 8-lane 2.96;
 //    another run: 8-lane 3.09 / quad 3.35); then quad rows (TP4 M = 512, 78
-//    per SM: 4.29 / c16q8 4.40), except in cache-heavy layouts: 8-lane rows
-//    up to kInsertLane8RowsPerSmMax.
-//  * "Cache-heavy" layouts (cache heads >= 1/4 of the heads: TP8's 3 of 12)
-//    keep shorter chains over a wider band: TP8 M = 1024 (93 per SM), FP8
-//    8-lane 4.90 / quad 5.33 µs where TP4 M = 1024 (155 per SM) has quad 6.06
-//    / 8-lane 6.55; NVFP4 TP8 M = 512 (46 per SM) c32q8 3.87 / c16q8 4.11.
+//    per SM: 4.29 / c16q8 4.40), except in cache-heavy layouts (cache heads
+//    >= 1/4 of the heads: TP8's 3 of 12), which keep shorter chains: 8-lane
+//    rows up to kInsertShortChainRowsPerSmMax (TP8 M = 1024, 93 per SM:
+//    8-lane 4.90 / quad 5.33 µs, where TP4 M = 1024, 155 per SM, has quad
+//    6.06 / 8-lane 6.55).
 constexpr int64_t kInsertWarpRowsPerSm = 3;
 constexpr int64_t kInsertC32Q8RowsPerSmNvfp4 = 25;
-constexpr int64_t kInsertC32Q8RowsPerSmNvfp4Heavy = 60;
-constexpr int64_t kInsertC16Q8RowsPerSmNvfp4 = 200;
 constexpr int64_t kInsertC16Q8RowsPerSmFlat = 40;
-constexpr int64_t kInsertLane8RowsPerSmMax = 800;
+constexpr int64_t kInsertShortChainRowsPerSmMax = 800;
 
 // Lane layout: automatic, or forced (tests and the bench: m3qkv_testing_insert_layout).
 enum class InsertLayout : int {
@@ -92,16 +89,13 @@ struct InsertPlan {
 inline InsertLayout insert_auto_layout(int64_t m, int heads, int cache, bool kv_nvfp4, int num_sms) {
   const int64_t rows = m * heads;
   const int64_t sms = num_sms;
-  const bool heavy = 4 * cache >= heads;
   if (rows <= sms * kInsertWarpRowsPerSm) return InsertLayout::kWarpRows;
-  if (kv_nvfp4) {
-    if (rows <= sms * (heavy ? kInsertC32Q8RowsPerSmNvfp4Heavy : kInsertC32Q8RowsPerSmNvfp4))
-      return InsertLayout::kSplitC32Q8;
-    if (rows <= sms * kInsertC16Q8RowsPerSmNvfp4) return InsertLayout::kSplitC16Q8;
-    return rows <= sms * kInsertLane8RowsPerSmMax ? InsertLayout::kLane8Rows : InsertLayout::kQuadRows;
-  }
+  if (rows > sms * kInsertShortChainRowsPerSmMax) return InsertLayout::kQuadRows;
+  if (kv_nvfp4)
+    return rows <= sms * kInsertC32Q8RowsPerSmNvfp4 ? InsertLayout::kSplitC32Q8 : InsertLayout::kSplitC16Q8;
   if (rows <= sms * kInsertC16Q8RowsPerSmFlat) return InsertLayout::kSplitC16Q8;
-  return heavy && rows <= sms * kInsertLane8RowsPerSmMax ? InsertLayout::kLane8Rows : InsertLayout::kQuadRows;
+  const bool heavy = 4 * cache >= heads;
+  return heavy ? InsertLayout::kLane8Rows : InsertLayout::kQuadRows;
 }
 
 // heads = nq + 2·nkv + niq + nik, cache = 2·nkv + nik of them.

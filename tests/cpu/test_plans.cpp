@@ -34,19 +34,18 @@ TEST(PortablePlan, OverrideIsClampedToTheWorkItems) {
 }
 
 // The insert's lane layout by head rows per SM (plan.h; 132 SMs): warp rows
-// up to 3 per SM (396 rows); NVFP4 KV split c32q8 up to 25 (3300; cache-heavy
-// layouts 60: 7920), split c16q8 up to 200 (26400), 8-lane rows up to 800
-// (105600), quad rows above; FP8 / BF16 KV split c16q8 up to 40 (5280), then
-// quad rows, or in cache-heavy layouts 8-lane rows up to 800. Each layout's
-// work items; forced layouts and the grid override honoured. Hand-worked
-// edges for TP4 (20 heads, 3 cache), TP8 (12, 3: cache-heavy) and TP1 (77, 9).
+// up to 3 per SM (396 rows), quad rows above 800 (105600); between, NVFP4 KV
+// split c32q8 up to 25 (3300), split c16q8 above; FP8 / BF16 KV split c16q8
+// up to 40 (5280), then quad rows, or 8-lane rows in cache-heavy layouts
+// (4 · cache heads >= heads). Each layout's work items; forced layouts and
+// the grid override honoured. Hand-worked edges for TP4 (20 heads, 3 cache),
+// TP8 (12, 3: cache-heavy) and TP1 (77, 9).
 TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   using m3qkv::portable::InsertLayout;
   using m3qkv::portable::insert_plan;
   namespace pp = m3qkv::portable;
   static_assert(pp::kInsertWarpRowsPerSm == 3 && pp::kInsertC32Q8RowsPerSmNvfp4 == 25 &&
-                    pp::kInsertC32Q8RowsPerSmNvfp4Heavy == 60 && pp::kInsertC16Q8RowsPerSmNvfp4 == 200 &&
-                    pp::kInsertC16Q8RowsPerSmFlat == 40 && pp::kInsertLane8RowsPerSmMax == 800,
+                    pp::kInsertC16Q8RowsPerSmFlat == 40 && pp::kInsertShortChainRowsPerSmMax == 800,
                 "the cases below are worked for these thresholds");
   auto layout = [](int64_t m, int heads, int cache, bool nvfp4, int sms = 132) {
     return insert_plan(m, heads, cache, nvfp4, sms, 0, InsertLayout::kAuto).layout;
@@ -72,9 +71,8 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   EXPECT_EQ(p.cache_items, 0);
   EXPECT_EQ(p.items, 34 * 20);
   // TP4 NVFP4: M = 19 warp; 20 -> 400: split c32q8, 20 rows x 3 cache heads,
-  // then 5 groups x 17; 165 -> 3300 (c32q8), 166: c16q8; 1320 -> 26400
-  // (c16q8), 1321: 8-lane rows, 331 groups x 20; 5280 -> 105600 (8-lane),
-  // 5281: quad.
+  // then 5 groups x 17; 165 -> 3300 (c32q8), 166: c16q8 (M = 1321: 661 row
+  // pairs x 3 + 331 groups x 17); 5280 -> 105600 (c16q8), 5281: quad.
   EXPECT_EQ(layout(19, 20, 3, true), InsertLayout::kWarpRows);
   p = insert_plan(20, 20, 3, true, 132, 0, InsertLayout::kAuto);
   EXPECT_EQ(p.layout, InsertLayout::kSplitC32Q8);
@@ -83,23 +81,21 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   EXPECT_EQ(p.grid, 37u);
   EXPECT_EQ(layout(165, 20, 3, true), InsertLayout::kSplitC32Q8);
   EXPECT_EQ(layout(166, 20, 3, true), InsertLayout::kSplitC16Q8);
-  EXPECT_EQ(layout(1320, 20, 3, true), InsertLayout::kSplitC16Q8);
   p = insert_plan(1321, 20, 3, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kLane8Rows);
-  EXPECT_EQ(p.cache_items, 0);
-  EXPECT_EQ(p.items, 331 * 20);
-  EXPECT_EQ(p.grid, 1655u);
-  EXPECT_EQ(layout(5280, 20, 3, true), InsertLayout::kLane8Rows);
+  EXPECT_EQ(p.layout, InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(p.cache_items, 661 * 3);
+  EXPECT_EQ(p.items, 661 * 3 + 331 * 17);
+  EXPECT_EQ(p.grid, 1903u);
+  EXPECT_EQ(layout(5280, 20, 3, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(5281, 20, 3, true), InsertLayout::kQuadRows);
   // TP8 (cache-heavy: 4 · 3 >= 12): warp rows up to M = 33 (396); NVFP4 c32q8
-  // up to 660 (7920), c16q8 up to 2200 (26400), 8-lane up to 8800 (105600);
-  // FP8 c16q8 up to 440 (5280), 8-lane up to 8800.
+  // up to 275 (3300), c16q8 up to 8800 (105600); FP8 c16q8 up to 440 (5280),
+  // 8-lane up to 8800; quad rows from 8801.
   EXPECT_EQ(layout(33, 12, 3, true), InsertLayout::kWarpRows);
   EXPECT_EQ(layout(34, 12, 3, true), InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(layout(660, 12, 3, true), InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(layout(661, 12, 3, true), InsertLayout::kSplitC16Q8);
-  EXPECT_EQ(layout(2200, 12, 3, true), InsertLayout::kSplitC16Q8);
-  EXPECT_EQ(layout(2201, 12, 3, true), InsertLayout::kLane8Rows);
+  EXPECT_EQ(layout(275, 12, 3, true), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(276, 12, 3, true), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(8800, 12, 3, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(8801, 12, 3, true), InsertLayout::kQuadRows);
   EXPECT_EQ(layout(33, 12, 3, false), InsertLayout::kWarpRows);
   EXPECT_EQ(layout(34, 12, 3, false), InsertLayout::kSplitC16Q8);
@@ -108,14 +104,11 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   EXPECT_EQ(layout(8800, 12, 3, false), InsertLayout::kLane8Rows);
   EXPECT_EQ(layout(8801, 12, 3, false), InsertLayout::kQuadRows);
   // One more head without a cache row is no longer cache-heavy (4 · 3 < 13):
-  // FP8 M = 441 (5733 rows > 5280) quad rows; NVFP4 M = 300 (3900 > 3300) c16q8
-  // where the 12-head layout (3600 <= 7920) takes c32q8.
+  // FP8 M = 441 (5733 rows > 5280) takes quad rows.
   EXPECT_EQ(layout(441, 13, 3, false), InsertLayout::kQuadRows);
-  EXPECT_EQ(layout(300, 12, 3, true), InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(layout(300, 13, 3, true), InsertLayout::kSplitC16Q8);
   // TP1 (77 heads, 9 cache): warp rows up to M = 5 (385); FP8 c16q8 up to 68
-  // (5236), quad from 69; NVFP4 c32q8 up to 42 (3234), c16q8 up to 342
-  // (26334), 8-lane up to 1371 (105567), quad from 1372. Fewer SMs move the edges.
+  // (5236), quad from 69; NVFP4 c32q8 up to 42 (3234), c16q8 up to 1371
+  // (105567), quad from 1372. Fewer SMs move the edges.
   EXPECT_EQ(layout(5, 77, 9, false), InsertLayout::kWarpRows);
   EXPECT_EQ(layout(6, 77, 9, false), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(68, 77, 9, false), InsertLayout::kSplitC16Q8);
@@ -125,9 +118,7 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   EXPECT_EQ(layout(6, 77, 9, true), InsertLayout::kSplitC32Q8);
   EXPECT_EQ(layout(42, 77, 9, true), InsertLayout::kSplitC32Q8);
   EXPECT_EQ(layout(43, 77, 9, true), InsertLayout::kSplitC16Q8);
-  EXPECT_EQ(layout(342, 77, 9, true), InsertLayout::kSplitC16Q8);
-  EXPECT_EQ(layout(343, 77, 9, true), InsertLayout::kLane8Rows);
-  EXPECT_EQ(layout(1371, 77, 9, true), InsertLayout::kLane8Rows);
+  EXPECT_EQ(layout(1371, 77, 9, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(1372, 77, 9, true), InsertLayout::kQuadRows);
   // Forced at any size; the split layouts' two item kinds (M = 5: 3 row pairs
   // x 3 cache heads + 2 groups of 4 x 17; c32q8: 5 x 3 + 2 x 17).
