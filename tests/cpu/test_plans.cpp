@@ -50,42 +50,32 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   auto layout = [](int64_t m, int heads, int cache, bool nvfp4, int sms = 132) {
     return insert_plan(m, heads, cache, nvfp4, sms, 0, InsertLayout::kAuto).layout;
   };
+  // The automatic plan of (m, heads, cache, nvfp4) on 132 SMs, field by field.
+  auto expect_plan = [](int64_t m, int heads, int cache, bool nvfp4, InsertLayout want, int64_t cache_items,
+                        int64_t items, unsigned grid) {
+    const auto q = insert_plan(m, heads, cache, nvfp4, 132, 0, InsertLayout::kAuto);
+    EXPECT_EQ(q.layout, want) << "M = " << m << ", " << heads << " heads";
+    EXPECT_EQ(q.cache_items, cache_items) << "M = " << m;
+    EXPECT_EQ(q.items, items) << "M = " << m;
+    EXPECT_EQ(q.grid, grid) << "M = " << m;
+  };
   // TP4 FP8 M = 1: 20 warps in 5 CTAs of 4.
-  auto p = insert_plan(1, 20, 3, false, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
-  EXPECT_EQ(p.items, 20);
-  EXPECT_EQ(p.cache_items, 0);
-  EXPECT_EQ(p.grid, 5u);
+  expect_plan(1, 20, 3, false, InsertLayout::kWarpRows, 0, 20, 5);
   // TP4 FP8: M = 19 -> 380 rows (warp), 20 -> 400: split c16q8, 10 row pairs x 3
   // cache heads, then 5 groups of 4 x 17 q / index_q heads; 264 -> 5280
   // (c16q8), 265: quad rows, 34 groups of 8 x 20.
   EXPECT_EQ(layout(19, 20, 3, false), InsertLayout::kWarpRows);
-  p = insert_plan(20, 20, 3, false, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kSplitC16Q8);
-  EXPECT_EQ(p.cache_items, 10 * 3);
-  EXPECT_EQ(p.items, 10 * 3 + 5 * 17);
-  EXPECT_EQ(p.grid, 29u);
+  expect_plan(20, 20, 3, false, InsertLayout::kSplitC16Q8, 10 * 3, 10 * 3 + 5 * 17, 29);
   EXPECT_EQ(layout(264, 20, 3, false), InsertLayout::kSplitC16Q8);
-  p = insert_plan(265, 20, 3, false, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kQuadRows);
-  EXPECT_EQ(p.cache_items, 0);
-  EXPECT_EQ(p.items, 34 * 20);
+  expect_plan(265, 20, 3, false, InsertLayout::kQuadRows, 0, 34 * 20, 170);
   // TP4 NVFP4: M = 19 warp; 20 -> 400: split c32q8, 20 rows x 3 cache heads,
   // then 5 groups x 17; 165 -> 3300 (c32q8), 166: c16q8 (M = 1321: 661 row
   // pairs x 3 + 331 groups x 17); 5280 -> 105600 (c16q8), 5281: quad.
   EXPECT_EQ(layout(19, 20, 3, true), InsertLayout::kWarpRows);
-  p = insert_plan(20, 20, 3, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(p.cache_items, 60);
-  EXPECT_EQ(p.items, 60 + 5 * 17);
-  EXPECT_EQ(p.grid, 37u);
+  expect_plan(20, 20, 3, true, InsertLayout::kSplitC32Q8, 60, 60 + 5 * 17, 37);
   EXPECT_EQ(layout(165, 20, 3, true), InsertLayout::kSplitC32Q8);
   EXPECT_EQ(layout(166, 20, 3, true), InsertLayout::kSplitC16Q8);
-  p = insert_plan(1321, 20, 3, true, 132, 0, InsertLayout::kAuto);
-  EXPECT_EQ(p.layout, InsertLayout::kSplitC16Q8);
-  EXPECT_EQ(p.cache_items, 661 * 3);
-  EXPECT_EQ(p.items, 661 * 3 + 331 * 17);
-  EXPECT_EQ(p.grid, 1903u);
+  expect_plan(1321, 20, 3, true, InsertLayout::kSplitC16Q8, 661 * 3, 661 * 3 + 331 * 17, 1903);
   EXPECT_EQ(layout(5280, 20, 3, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(5281, 20, 3, true), InsertLayout::kQuadRows);
   // TP8 (cache-heavy: 4 · 3 >= 12): warp rows up to M = 33 (396); NVFP4 c32q8
@@ -122,7 +112,7 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   EXPECT_EQ(layout(1372, 77, 9, true), InsertLayout::kQuadRows);
   // Forced at any size; the split layouts' two item kinds (M = 5: 3 row pairs
   // x 3 cache heads + 2 groups of 4 x 17; c32q8: 5 x 3 + 2 x 17).
-  p = insert_plan(16384, 20, 3, false, 132, 0, InsertLayout::kWarpRows);
+  auto p = insert_plan(16384, 20, 3, false, 132, 0, InsertLayout::kWarpRows);
   EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
   EXPECT_EQ(p.items, 16384 * 20);
   p = insert_plan(1, 20, 3, true, 132, 0, InsertLayout::kQuadRows);
