@@ -86,19 +86,4 @@ __device__ __forceinline__ void dequant16_e4m3_to_bf16(const uint4 in, uint32_t 
   *hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
-// 8 e4m3 (one 8-byte word pair, element 0 in the lowest byte of w0) times
-// 2^(s-127) -> 8 bf16 (one 16-byte chunk): the same operations as
-// dequant16_e4m3_to_bf16 on half the input (the activation pre-pass: a warp
-// then reads 256 and writes 512 contiguous bytes per instruction).
-__device__ __forceinline__ uint4 dequant8_e4m3_to_bf16(uint32_t w0, uint32_t w1, uint32_t s) {
-  const Pow2Bf16 f = make_pow2_bf16(s);
-  uint32_t o[4] = {dequant_e4m3_lo_pair<false>(w0, f), dequant_e4m3_hi_pair<false>(w0, f),
-                   dequant_e4m3_lo_pair<false>(w1, f), dequant_e4m3_hi_pair<false>(w1, f)};
-  if (s > 134u) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) o[i] = ptx::mul_rn_bf16x2(o[i], f.m2);
-  }
-  return make_uint4(o[0], o[1], o[2], o[3]);
-}
-
 }  // namespace m3qkv::sm90

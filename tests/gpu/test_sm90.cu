@@ -466,10 +466,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Sm90Random,
                          [](const ::testing::TestParamInfo<RandomCase>& i) { return random_name(i.param); });
 
 // ------------------------------------------------------ dequantizer (A)
-// out[s·256 + b] = bf16 bits of dequant(e4m3 byte b, e8m0 scale s).
-// eight = true: the same bytes through dequant8_e4m3_to_bf16 (the conversion
-// pass of the pre-A and prefill paths), 8 at a time.
-__global__ void dequant_all_kernel(uint16_t* out, bool eight) {
+// out[s·256 + b] = bf16 bits of dequant(e4m3 byte b, e8m0 scale s), through
+// dequant16_e4m3_to_bf16 (the transform of variant A and the one-launch
+// paths' conversion, sm90/convert_sm90.cuh).
+__global__ void dequant_all_kernel(uint16_t* out) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   const uint32_t s = blockIdx.x;         // scale byte
   const uint32_t b0 = threadIdx.x * 16;  // 16 consecutive e4m3 bytes
@@ -477,59 +477,51 @@ __global__ void dequant_all_kernel(uint16_t* out, bool eight) {
   for (int i = 0; i < 4; ++i)
     w[i] = (b0 + 4 * i) | ((b0 + 4 * i + 1) << 8) | ((b0 + 4 * i + 2) << 16) | ((b0 + 4 * i + 3) << 24);
   uint4 lo, hi;
-  if (eight) {
-    lo = m3qkv::sm90::dequant8_e4m3_to_bf16(w[0], w[1], s);
-    hi = m3qkv::sm90::dequant8_e4m3_to_bf16(w[2], w[3], s);
-  } else {
-    m3qkv::sm90::dequant16_e4m3_to_bf16(make_uint4(w[0], w[1], w[2], w[3]), s, &lo, &hi);
-  }
+  m3qkv::sm90::dequant16_e4m3_to_bf16(make_uint4(w[0], w[1], w[2], w[3]), s, &lo, &hi);
   const uint32_t o[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
   for (int i = 0; i < 8; ++i) {
     out[s * 256 + b0 + 2 * i] = static_cast<uint16_t>(o[i] & 0xffffu);
     out[s * 256 + b0 + 2 * i + 1] = static_cast<uint16_t>(o[i] >> 16);
   }
 #else
-  (void)out, (void)eight;
+  (void)out;
 #endif
 }
 
 TEST(Sm90Dequant, AllBytesAllScalesExactWhereBf16CanHoldTheProduct) {
   M3QKV_REQUIRE_SM90();
-  for (bool eight : {false, true}) {
-    SCOPED_TRACE(eight ? "dequant8_e4m3_to_bf16" : "dequant16_e4m3_to_bf16");
-    DeviceBuffer d(256 * 256 * sizeof(uint16_t));
-    CUDA_OK(d.error());
-    CUDA_OK(cudaMemset(d.get(), 0xFF, d.size()));
-    dequant_all_kernel<<<256, 16>>>(d.as<uint16_t>(), eight);
-    CUDA_OK(cudaGetLastError());
-    CUDA_OK(cudaDeviceSynchronize());
-    std::vector<uint16_t> got;
-    CUDA_OK(d.download_as(&got));
-    int64_t checked = 0, bad = 0;
-    for (int s = 0; s < 255; ++s) {  // 0xFF: NaN scale, outside the domain (docs/sm90.md)
-      for (int b = 0; b < 256; ++b) {
-        if ((b & 0x7f) == 0x7f) continue;  // e4m3 NaN: outside the domain
-        const double v = static_cast<double>(m3qkv::e4m3_to_f32(static_cast<uint8_t>(b))) *
-                         static_cast<double>(m3qkv::e8m0_to_f32(static_cast<uint8_t>(s)));
-        const float f =
-            static_cast<float>(v);  // exact: a 4-bit significand times a power of two in f32 range? checked next
-        if (static_cast<double>(f) != v) continue;  // below f32's range: bf16 cannot hold it either
-        const uint16_t want = m3qkv::f32_to_bf16_rn_soft(f);
-        if (static_cast<double>(m3qkv::bf16_to_f32(want)) != v) continue;  // not representable in bf16
-        ++checked;
-        const uint16_t g = got[size_t(s) * 256 + size_t(b)];
-        // +-0: the sign of a zero product is that of the e4m3 byte.
-        if (g != want) {
-          if (++bad <= 10)
-            ADD_FAILURE() << "dequant(byte 0x" << std::hex << b << ", scale 0x" << s << ") = 0x" << g << ", want 0x"
-                          << want << std::dec;
-        }
+  DeviceBuffer d(256 * 256 * sizeof(uint16_t));
+  CUDA_OK(d.error());
+  CUDA_OK(cudaMemset(d.get(), 0xFF, d.size()));
+  dequant_all_kernel<<<256, 16>>>(d.as<uint16_t>());
+  CUDA_OK(cudaGetLastError());
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> got;
+  CUDA_OK(d.download_as(&got));
+  int64_t checked = 0, bad = 0;
+  for (int s = 0; s < 255; ++s) {  // 0xFF: NaN scale, outside the domain (docs/sm90.md)
+    for (int b = 0; b < 256; ++b) {
+      if ((b & 0x7f) == 0x7f) continue;  // e4m3 NaN: outside the domain
+      const double v = static_cast<double>(m3qkv::e4m3_to_f32(static_cast<uint8_t>(b))) *
+                       static_cast<double>(m3qkv::e8m0_to_f32(static_cast<uint8_t>(s)));
+      const float f =
+          static_cast<float>(v);  // exact: a 4-bit significand times a power of two in f32 range? checked next
+      if (static_cast<double>(f) != v) continue;  // below f32's range: bf16 cannot hold it either
+      const uint16_t want = m3qkv::f32_to_bf16_rn_soft(f);
+      if (static_cast<double>(m3qkv::bf16_to_f32(want)) != v) continue;  // not representable in bf16
+      ++checked;
+      const uint16_t g = got[size_t(s) * 256 + size_t(b)];
+      // +-0: the sign of a zero product is that of the e4m3 byte.
+      if (g != want) {
+        if (++bad <= 10)
+          ADD_FAILURE() << "dequant(byte 0x" << std::hex << b << ", scale 0x" << s << ") = 0x" << g << ", want 0x"
+                        << want << std::dec;
       }
     }
-    EXPECT_EQ(bad, 0);
-    // The domain is not vacuous: every byte with scales 2^-100 .. 2^100 is in it.
-    EXPECT_GE(checked, int64_t(201) * 254);
   }
+  EXPECT_EQ(bad, 0);
+  // The domain is not vacuous: every byte with scales 2^-100 .. 2^100 is in it.
+  EXPECT_GE(checked, int64_t(201) * 254);
 }
 
 // ---------------------------------------------------------------- timing
