@@ -23,8 +23,8 @@
 //                        1.5 · bytes / copy bandwidth + 2 µs (the issue-13
 //                        target) and x_bound = time / bound_us; beside each
 //                        (M <= 4096), insert_<fmt>_quad / _warp / _l8 /
-//                        _c32q8 / _c16q8 with the lane layout forced (the
-//                        plan's thresholds)
+//                        _c32q8 / _c16q8 / _c16q8g with the lane layout
+//                        forced (the plan's thresholds)
 // plus copy_d2d (first, after the peaks): cudaMemcpyAsync device to device of
 // 1 GiB, whose bandwidth (bytes read + written) the insert bounds use (4.24 TB/s,
 // the 2026-12-01 H200 figure, when it is filtered out: counter copy_bw_assumed).
@@ -826,10 +826,10 @@ void bench_copy(benchmark::State& state) {
 }
 
 // m3qkv_qknorm_rope_kv_insert alone on the set's bf16 qkv, caches of format fmt.
-// layout: 0 = the plan's lane layout (insert_<fmt>), 1 .. 5 = quad rows /
-// warp rows / 8-lane rows / split c32q8 / split c16q8 forced (insert_<fmt>_quad
-// / _warp / _l8 / _c32q8 / _c16q8, M <= 4096: the plan's thresholds are read
-// off these).
+// layout: 0 = the plan's lane layout (insert_<fmt>), 1 .. 6 = quad rows /
+// warp rows / 8-lane rows / split c32q8 / split c16q8 / split c16q8 + guess
+// forced (insert_<fmt>_quad / _warp / _l8 / _c32q8 / _c16q8 / _c16q8g, M <=
+// 4096: the plan's thresholds are read off these).
 void bench_insert(benchmark::State& state, int fmt, int layout = 0) {
   const Heads& h = arg_heads(state);
   const int64_t m = state.range(1);
@@ -1278,8 +1278,8 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
       for (int f = 0; f < kFormats; ++f) {
         add(std::string("insert_") + kFormatNames[f], h, m, [f](benchmark::State& st) { bench_insert(st, f); });
         if (m > 4096) continue;  // the forced layouts where the plan's choice is read off
-        static const char* const kLayoutTags[] = {"_quad", "_warp", "_l8", "_c32q8", "_c16q8"};
-        for (int l = 1; l <= 5; ++l)
+        static const char* const kLayoutTags[] = {"_quad", "_warp", "_l8", "_c32q8", "_c16q8", "_c16q8g"};
+        for (int l = 1; l <= 6; ++l)
           add(std::string("insert_") + kFormatNames[f] + kLayoutTags[l - 1], h, m,
               [f, l](benchmark::State& st) { bench_insert(st, f, l); });
       }

@@ -149,6 +149,7 @@ else
   for k in m3qkv_portable_fused_kernel m3qkv_portable_gemm_kernel \
            m3qkv_portable_insert_kernel m3qkv_portable_insert_warp_kernel m3qkv_portable_insert_lanes8_kernel \
            m3qkv_portable_insert_split_c32q8_kernel m3qkv_portable_insert_split_c16q8_kernel \
+           m3qkv_portable_insert_split_c16q8_guess_kernel \
            m3qkv_portable_quantize_kernel; do
     if ! source_defines "$k" "${PORTABLE_SRCS[@]}"; then
       skip "portable: $k" "no source in src/portable names $k"

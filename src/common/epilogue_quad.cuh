@@ -120,18 +120,35 @@ __device__ __forceinline__ QuadHead quad_head(const EpilogueParams& e, int head,
 //     round 2) and the flags. The cos/sin row is read at the clamped
 //     position even where the contract reads none (a skipped slot): a row
 //     of the table, never stored.
+// The standalone insert guesses both rounds before griddepcontrol.wait
+// (row_guess, below) and only checks the guess after it.
 struct RowInputs {
   int64_t slot_raw;  // -1 where the head has no cache row or the row is not valid
   int64_t pos_raw;   // 0 where the contract reads no position
   int64_t pos;       // pos_raw clamped to [0, max_position)
 };
 
+// kL2Only: ld.global.cg (__ldcg; PTX ISA "ld", cache operator .cg: cached
+// in L2 and below, not in L1), which leaves no copy in L1: row_guess reads
+// before griddepcontrol.wait, and a later plain load must not hit a line
+// read then.
+template <bool kL2Only = false>
 __device__ __forceinline__ RowInputs row_inputs(const EpilogueParams& e, const HeadInfo& hi, int64_t row, bool valid) {
   const HeadKind kind = hi.kind;
   const bool kv = kind == HeadKind::K || kind == HeadKind::V;
+  auto ld = [](const int64_t* a) -> int64_t {
+    if constexpr (kL2Only) {
+      return __ldcg(reinterpret_cast<const long long*>(a));
+    } else {
+      return *a;
+    }
+  };
   RowInputs in;
-  in.slot_raw = !valid ? -1 : kv ? e.slot_mapping[row] : kind == HeadKind::IndexK ? e.index_slot_mapping[row] : -1;
-  in.pos_raw = valid && kind != HeadKind::V ? e.positions[row] : 0;
+  in.slot_raw = !valid                     ? -1
+                : kv                       ? ld(e.slot_mapping + row)
+                : kind == HeadKind::IndexK ? ld(e.index_slot_mapping + row)
+                                           : -1;
+  in.pos_raw = valid && kind != HeadKind::V ? ld(e.positions + row) : 0;
   in.pos = clamp_position_quiet(in.pos_raw, e.max_position);
   return in;
 }
@@ -143,8 +160,31 @@ struct RowDest {
   int32_t cache_dtype;  // k, v: kv_dtype; index_k: ix_dtype
 };
 
-__device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadInfo& hi, const RowInputs& in,
-                                            bool valid) {
+// The destination, and the M3QKV_FLAG_* bits the row raises. kQuiet: the
+// bits are OR-ed into *bits (row_guess keeps them for after
+// griddepcontrol.wait); else stored into e.error_flags as they arise (the
+// form every other caller has, whose code the decode kernels' registers
+// were fitted to: SM90 decode, 8 B of spills with one combined store).
+template <bool kQuiet>
+__device__ __forceinline__ RowDest row_dest_flags(const EpilogueParams& e, const HeadInfo& hi, const RowInputs& in,
+                                                  bool valid, uint32_t* bits) {
+  auto raise = [&](uint32_t bit) {
+    if constexpr (kQuiet) {
+      *bits |= bit;
+    } else {
+      set_flag(e.error_flags, bit);
+    }
+  };
+  // A slot past the cache: resolve_slot flags it itself, or (kQuiet) the caller.
+  auto resolve = [&](int64_t pages, uint32_t oob_bit, SlotAddr* sa) {
+    if constexpr (kQuiet) {
+      const bool ok = resolve_slot(in.slot_raw, pages, e.block_size, nullptr, 0, sa);
+      if (!ok && in.slot_raw >= 0) *bits |= oob_bit;
+      return ok;
+    } else {
+      return resolve_slot(in.slot_raw, pages, e.block_size, e.error_flags, oob_bit, sa);
+    }
+  };
   const HeadKind kind = hi.kind;
   const bool kv = kind == HeadKind::K || kind == HeadKind::V;
   RowDest d;
@@ -155,8 +195,7 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
   d.cache_dtype = kind == HeadKind::IndexK ? e.ix_dtype : e.kv_dtype;
   // Cache destination (k, v, index_k): resolved first, as epilogue_head_row does.
   if (valid && kv) {
-    d.to_cache =
-        resolve_slot(in.slot_raw, e.num_blocks, e.block_size, e.error_flags, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &d.sa);
+    d.to_cache = resolve(e.num_blocks, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &d.sa);
     if (d.to_cache) {
       if (d.cache_dtype == kCacheNvfp4)
         d.slot_base = e.kv_cache + nvfp4_slot_base(d.sa.page, 2 * hi.index + (kind == HeadKind::K ? 0 : 1),
@@ -167,8 +206,7 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
                                      e.kv_head_stride, flat_elem_bytes(d.cache_dtype));
     }
   } else if (valid && kind == HeadKind::IndexK) {
-    d.to_cache = resolve_slot(in.slot_raw, e.num_index_blocks, e.block_size, e.error_flags,
-                              M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &d.sa);
+    d.to_cache = resolve(e.num_index_blocks, M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &d.sa);
     if (d.to_cache)
       d.slot_base = d.cache_dtype == kCacheNvfp4
                         ? e.index_cache + nvfp4_slot_base(d.sa.page, 0, e.index_page_stride, e.block_size)
@@ -178,9 +216,45 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
   // The position flag only where epilogue_head_row reads the position.
   const bool reads_pos =
       kind != HeadKind::V && valid && (kind == HeadKind::Q || kind == HeadKind::IndexQ || d.to_cache);
-  if (reads_pos && !position_in_range(in.pos_raw, e.max_position))
-    set_flag(e.error_flags, M3QKV_FLAG_POSITION_OUT_OF_RANGE);
+  if (reads_pos && !position_in_range(in.pos_raw, e.max_position)) raise(M3QKV_FLAG_POSITION_OUT_OF_RANGE);
   return d;
+}
+__device__ __forceinline__ RowDest row_dest_quiet(const EpilogueParams& e, const HeadInfo& hi, const RowInputs& in,
+                                                  bool valid, uint32_t* bits) {
+  return row_dest_flags<true>(e, hi, in, valid, bits);
+}
+__device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadInfo& hi, const RowInputs& in,
+                                            bool valid) {
+  return row_dest_flags<false>(e, hi, in, valid, nullptr);
+}
+
+// The standalone insert's guess of a row's inputs and destination, made
+// before griddepcontrol.wait from L2-only reads (row_inputs<true>): the
+// slot and position may still be the predecessor grid's to write, so the
+// epilogue loads them again after the wait and uses the guess only where
+// both words match (lane_row_epilogue). What the guess buys: the cos/sin
+// words load in the first round after the wait, at the guessed position,
+// and the slot division and address are off the post-wait path (on the
+// H200 each dependent load round after the wait took ~1,000 cycles at
+// small M, bench/RESULTS.md v14).
+// kDest: the destination guessed too (warp rows, kRowGuessDest<L>: a lane's
+// few values leave registers for it; with 8 or 16 lanes per row, ~25 more
+// registers per thread cost the split kernels 3 of their 8 CTAs per SM,
+// ptxas sm_90a), else d / bits stay unset and unread.
+template <int L>
+constexpr bool kRowGuessDest = L == 32;
+struct RowGuess {
+  RowInputs in;
+  RowDest d;
+  uint32_t bits;  // flags row_dest would raise for `in`
+};
+template <bool kDest>
+__device__ __forceinline__ RowGuess row_guess(const EpilogueParams& e, const HeadInfo& hi, int64_t row, bool valid) {
+  RowGuess s{};
+  s.in = row_inputs<true>(e, hi, row, valid);
+  s.bits = 0;
+  if constexpr (kDest) s.d = row_dest_quiet(e, hi, s.in, valid, &s.bits);
+  return s;
 }
 
 // The whole epilogue of token `row` for head `h` on this lane's 32 values

@@ -82,9 +82,12 @@ enum class RowHeads { kAny, kCache, kQuery };
 // The epilogue of token `row` for head `head`, its 128 values from `src`.
 // Called by every lane of the warp; the L lanes of a row pass the same
 // (row, valid), every lane of the warp the same head, of the class H says.
+// guess: row_guess's guess for this (row, head), made before
+// griddepcontrol.wait (the standalone insert), or null (every input read
+// here, in two rounds).
 template <int L, RowHeads H = RowHeads::kAny, class Src>
 __device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int head, int64_t row, bool valid,
-                                                  const Src& src) {
+                                                  const Src& src, const RowGuess* guess = nullptr) {
   constexpr bool kMayQuery = H != RowHeads::kCache, kMayCache = H != RowHeads::kQuery;
   constexpr int K = LaneRow<L>::kK, NU = LaneRow<L>::kUnits;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -107,18 +110,42 @@ __device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int h
 #pragma unroll
   for (int i = 0; i < NU; ++i) nw[i] = norm ? wt[r + L * i] : 0u;  // word 4(k + K·i) + q
   const RowInputs in = row_inputs(e, hi, row, valid);
-  // Round 2: the cos and sin words of this lane's RoPE pairs (units j < 4:
-  // pair 8j + 2q + b at word 4j + q). K = 8: lane r and r ^ 16 share a pair.
+  // Round 2 (with a guess: round 1, at the guessed position): the cos and
+  // sin words of this lane's RoPE pairs (units j < 4: pair 8j + 2q + b at
+  // word 4j + q). K = 8: lane r and r ^ 16 share a pair.
   constexpr int kRopeUnits = K <= 4 ? 4 / K : 1;
-  const uint32_t* cs_w = reinterpret_cast<const uint32_t*>(e.cos_sin_cache + in.pos * kRopeDim);
   uint32_t cw[kRopeUnits], sw[kRopeUnits];
+  auto load_cos_sin = [&](int64_t pos) {
+    const uint32_t* cs_w = reinterpret_cast<const uint32_t*>(e.cos_sin_cache + pos * kRopeDim);
 #pragma unroll
-  for (int i = 0; i < kRopeUnits; ++i) {
-    const int word = K <= 4 ? r + L * i : r % 16;  // 4j + q
-    cw[i] = norm ? cs_w[word] : 0u;
-    sw[i] = norm ? cs_w[kRopeHalf / 2 + word] : 0u;
+    for (int i = 0; i < kRopeUnits; ++i) {
+      const int word = K <= 4 ? r + L * i : r % 16;  // 4j + q
+      cw[i] = norm ? cs_w[word] : 0u;
+      sw[i] = norm ? cs_w[kRopeHalf / 2 + word] : 0u;
+    }
+  };
+  load_cos_sin(guess != nullptr ? guess->in.pos : in.pos);
+  RowDest d;
+  if (guess != nullptr) {
+    // The guess stands where the slot and position words read now match it
+    // (nothing else of the row's inputs enters row_dest); otherwise the
+    // row is resolved again and its cos / sin read again (a per-row branch
+    // without shuffles).
+    if (in.pos != guess->in.pos) load_cos_sin(in.pos);
+    if constexpr (kRowGuessDest<L>) {
+      uint32_t bits = guess->bits;
+      d = guess->d;
+      if (in.slot_raw != guess->in.slot_raw || in.pos_raw != guess->in.pos_raw) {
+        bits = 0;
+        d = row_dest_quiet(e, hi, in, valid, &bits);
+      }
+      if (bits != 0) set_flag(e.error_flags, bits);
+    } else {
+      d = row_dest(e, hi, in, valid);
+    }
+  } else {
+    d = row_dest(e, hi, in, valid);
   }
-  const RowDest d = row_dest(e, hi, in, valid);
 
   float y[2 * NU];
 #pragma unroll

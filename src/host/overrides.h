@@ -9,9 +9,9 @@
 namespace m3qkv::host {
 
 // The standalone insert's lane layout: portable::InsertLayout (0 automatic,
-// 1 quad rows, 2 warp rows, 3 8-lane rows, 4 split c32q8, 5 split c16q8; the
-// portable launch static-asserts the largest).
+// 1 quad rows, 2 warp rows, 3 8-lane rows, 4 split c32q8, 5 split c16q8,
+// 6 split c16q8 + guess; the portable launch static-asserts the largest).
 extern std::atomic<int> g_insert_layout;
-constexpr int kInsertLayoutMax = 5;
+constexpr int kInsertLayoutMax = 6;
 
 }  // namespace m3qkv::host

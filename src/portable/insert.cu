@@ -41,25 +41,34 @@ using namespace m3qkv::portable;
 static_assert(kInsertThreads % 32 == 0, "whole warps");
 static_assert(kInsertRowsPerWarp * 4 == 32, "one quad per row");
 
-// One (32/L-row group, head) item of L-lane rows, the head of class H.
+// The row of lane `lane` in a (32/L-row group) of L-lane rows.
+template <int L>
+__device__ __forceinline__ int64_t lane_rows_row(int64_t group, int lane) {
+  return group * epi::LaneRow<L>::kRowsPerWarp + lane / L;
+}
+
+// One (32/L-row group, head) item of L-lane rows, the head of class H; guess:
+// the lane's row_guess for it, or null.
 template <int L, epi::RowHeads H>
-__device__ __forceinline__ void lane_rows_item(const InsertParams& p, int64_t n, int head, int64_t group) {
+__device__ __forceinline__ void lane_rows_item(const InsertParams& p, int64_t n, int head, int64_t group,
+                                               const epi::RowGuess* guess) {
   constexpr int kRows = epi::LaneRow<L>::kRowsPerWarp;
-  const int64_t row = group * kRows + static_cast<int>(threadIdx.x % 32) / L;
+  const int64_t row = lane_rows_row<L>(group, static_cast<int>(threadIdx.x % 32));
   const bool valid = kRows == 1 || row < p.m;
   const epi::Bf16Row src{p.qkv + (valid ? row : 0) * n + static_cast<int64_t>(head) * kHeadDim};
-  epi::lane_row_epilogue<L, H>(p.e, head, row, valid, src);
+  epi::lane_row_epilogue<L, H>(p.e, head, row, valid, src, guess);
 }
 
 // L-lane rows, a warp-uniform loop over the items. Lc == Lq: (row group,
 // head) items, head fastest, so the warps of a block read adjacent heads of
 // the same rows. Lc != Lq (split): the (Lc-lane row group, cache head) items
 // first, then the (Lq-lane row group, q / index_q head) items.
-template <int Lc, int Lq>
+// kGuess: before griddepcontrol.wait each warp decodes its first item and
+// guesses that row's slot, position (and, for warp rows, destination):
+// epi::row_guess, reads of words the predecessor grid may still write,
+// checked after the wait. Without it every input is read after the wait.
+template <int Lc, int Lq, bool kGuess>
 __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
-  griddepcontrol_wait();  // qkv is typically the previous grid's output (the GEMM)
-  griddepcontrol_launch_dependents();
-
   constexpr int kRowsC = epi::LaneRow<Lc>::kRowsPerWarp, kRowsQ = epi::LaneRow<Lq>::kRowsPerWarp;
   const int heads = total_heads(p.e.nq, p.e.nkv, p.e.niq, p.e.nik);
   const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
@@ -68,32 +77,80 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
   const int query = heads - cache;
   const int64_t cache_items = (p.m + kRowsC - 1) / kRowsC * cache;
   const int64_t items = cache_items + (p.m + kRowsQ - 1) / kRowsQ * query;
-  for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
-       it += static_cast<int64_t>(gridDim.x) * kWarps) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+
+  // Item `it` as (head, row group, class): warp-uniform.
+  struct Item {
+    int head;
+    int64_t group;
+    bool cache;  // split layouts: a cache head in Lc-lane rows
+  };
+  auto decode = [&](int64_t it) -> Item {
     if constexpr (Lc == Lq) {
-      lane_rows_item<Lq, epi::RowHeads::kAny>(p, n, static_cast<int>(it % heads), it / heads);
-    } else if (it < cache_items) {  // warp-uniform
-      const int head = cache_head(static_cast<int>(it % cache), p.e.nq, p.e.nkv, p.e.niq);
-      lane_rows_item<Lc, epi::RowHeads::kCache>(p, n, head, it / cache);
+      return {static_cast<int>(it % heads), it / heads, false};
+    } else if (it < cache_items) {
+      return {cache_head(static_cast<int>(it % cache), p.e.nq, p.e.nkv, p.e.niq), it / cache, true};
     } else {
       const int64_t jt = it - cache_items;
-      lane_rows_item<Lq, epi::RowHeads::kQuery>(p, n, query_head(static_cast<int>(jt % query), p.e.nq, p.e.nkv),
-                                                jt / query);
+      return {query_head(static_cast<int>(jt % query), p.e.nq, p.e.nkv), jt / query, false};
+    }
+  };
+  auto guess_of = [&](const Item& t) {
+    const HeadInfo hi = head_info(t.head, p.e.nq, p.e.nkv, p.e.niq);
+    if (t.cache) {
+      const int64_t row = lane_rows_row<Lc>(t.group, lane);
+      return epi::row_guess<epi::kRowGuessDest<Lc>>(p.e, hi, row, kRowsC == 1 || row < p.m);
+    }
+    const int64_t row = lane_rows_row<Lq>(t.group, lane);
+    return epi::row_guess<epi::kRowGuessDest<Lq>>(p.e, hi, row, kRowsQ == 1 || row < p.m);
+  };
+
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  Item t{};
+  epi::RowGuess guess{};
+  if (kGuess && first < items) {
+    t = decode(first);
+    guess = guess_of(t);
+  }
+  griddepcontrol_wait();  // qkv is typically the previous grid's output (the GEMM)
+  griddepcontrol_launch_dependents();
+
+  for (int64_t it = first; it < items; it += static_cast<int64_t>(gridDim.x) * kWarps) {
+    if (!kGuess || it != first) {  // a capped grid (m3qkv_insert_args.grid): later items guess after the wait
+      t = decode(it);
+      if (kGuess) guess = guess_of(t);
+    }
+    const epi::RowGuess* sp = kGuess ? &guess : nullptr;
+    if constexpr (Lc == Lq) {
+      lane_rows_item<Lq, epi::RowHeads::kAny>(p, n, t.head, t.group, sp);
+    } else if (t.cache) {  // warp-uniform
+      lane_rows_item<Lc, epi::RowHeads::kCache>(p, n, t.head, t.group, sp);
+    } else {
+      lane_rows_item<Lq, epi::RowHeads::kQuery>(p, n, t.head, t.group, sp);
     }
   }
 }
 
+// The guess (kGuess) took the small-M calls ~0.4-0.5 µs faster on the H200
+// (NVFP4 TP1 M = 1: 2.17 -> 1.65 µs) and the 8-lane kernel's FP8 / BF16 mid
+// M 5-9 % faster. The split c16q8 kernel goes from 62 to 80 registers with
+// it (8 -> 6 CTAs per SM): faster with few rows, slower with many (TP1 M =
+// 1024: 21.2 against 17.8 µs in the same run), so it has both instances and
+// the plan picks (portable/plan.h; bench/RESULTS.md v14).
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_warp_kernel(const InsertParams p) {
-  insert_lane_rows<32, 32>(p);
+  insert_lane_rows<32, 32, true>(p);
 }
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_lanes8_kernel(const InsertParams p) {
-  insert_lane_rows<8, 8>(p);
+  insert_lane_rows<8, 8, true>(p);
 }
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_split_c32q8_kernel(const InsertParams p) {
-  insert_lane_rows<32, 8>(p);
+  insert_lane_rows<32, 8, true>(p);
 }
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_split_c16q8_kernel(const InsertParams p) {
-  insert_lane_rows<16, 8>(p);
+  insert_lane_rows<16, 8, false>(p);
+}
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_split_c16q8_guess_kernel(const InsertParams p) {
+  insert_lane_rows<16, 8, true>(p);
 }
 
 // Quad rows: a warp-uniform loop over (8-row group, head), head fastest, so

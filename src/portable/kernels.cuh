@@ -54,10 +54,13 @@ __global__ void m3qkv_portable_gemm_kernel(const m3qkv::portable::GemmParams p);
 // over (32/L-row group, head) items, L lanes per head row
 // (epi::lane_row_epilogue<L>). Split c32q8 / c16q8: the cache heads' items in
 // 32- / 16-lane rows first, then the q / index_q heads' in 8-lane rows.
+// All but split c16q8 guess each warp's first row before griddepcontrol.wait
+// (epi::row_guess); split c16q8 has an instance with the guess and one without.
 __global__ void m3qkv_portable_insert_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_warp_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_lanes8_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_split_c32q8_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_split_c16q8_kernel(const m3qkv::portable::InsertParams p);
+__global__ void m3qkv_portable_insert_split_c16q8_guess_kernel(const m3qkv::portable::InsertParams p);
 // Grid-stride over (padded row, 32-value block) items.
 __global__ void m3qkv_portable_quantize_kernel(const m3qkv::portable::QuantizeParams p);

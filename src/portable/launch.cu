@@ -95,7 +95,7 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
   return st;
 }
 
-static_assert(host::kInsertLayoutMax == static_cast<int>(portable::InsertLayout::kSplitC16Q8),
+static_assert(host::kInsertLayoutMax == static_cast<int>(portable::InsertLayout::kSplitC16Q8Guess),
               "the testing hook accepts every layout");
 
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
@@ -124,6 +124,10 @@ m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, 
     case portable::InsertLayout::kSplitC16Q8:
       st = host::launch(fn, "m3qkv_portable_insert_split_c16q8_kernel", m3qkv_portable_insert_split_c16q8_kernel, sh, s,
                         p);
+      break;
+    case portable::InsertLayout::kSplitC16Q8Guess:
+      st = host::launch(fn, "m3qkv_portable_insert_split_c16q8_guess_kernel",
+                        m3qkv_portable_insert_split_c16q8_guess_kernel, sh, s, p);
       break;
     default:  // quad rows
       st = host::launch(fn, "m3qkv_portable_insert_kernel", m3qkv_portable_insert_kernel, sh, s, p);
@@ -161,6 +165,7 @@ m3qkv_status portable_warmup(const DeviceInfo& dev) {
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_lanes8_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_split_c32q8_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_split_c16q8_kernel));
+  M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_insert_split_c16q8_guess_kernel));
   M3QKV_CUDA_TRY(fn, cudaFuncGetAttributes(&attr, m3qkv_portable_quantize_kernel));
   return M3QKV_SUCCESS;
 }

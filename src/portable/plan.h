@@ -22,7 +22,7 @@ inline unsigned plan_grid(int64_t items, int64_t per_block, int32_t override_gri
 }
 
 // The standalone insert (src/portable/insert.cu): 4-warp CTAs over (rows,
-// head) items, one item per warp, in one of five lane layouts (below).
+// head) items, one item per warp, in one of six lane layouts (below).
 constexpr int kInsertThreads = 128;    // 4 warps
 constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 token rows, a quad per row
 // Lane layouts of the insert, read off the H200 (bench/RESULTS.md v13:
@@ -52,9 +52,20 @@ constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 toke
 //    rows up to kInsertShortChainRowsPerSmMax (TP8 M = 1024, 93 per SM:
 //    8-lane 4.90 / quad 5.33 µs, where TP4 M = 1024, 155 per SM, has quad
 //    6.06 / 8-lane 6.55).
+//  * The guess before griddepcontrol.wait (insert.cu, epi::row_guess) is in
+//    every lane-row kernel but split c16q8, which has a second instance with
+//    it, c16q8 + guess (v14, H200, both forms in one run): 80 registers
+//    instead of 62, faster where the rows are few enough that latency, not
+//    occupancy, bounds the call: FP8 / BF16 through their whole c16q8 band
+//    (TP1 M = 16, 9 per SM: 1.83 / 2.09 µs; TP8 M = 64, 6 per SM: 1.81 /
+//    2.07), NVFP4 up to kInsertC16Q8GuessRowsPerSmNvfp4 (TP1 M = 128, 75 per
+//    SM: 3.78 / 4.37; TP4 M = 512, 78 per SM: 4.14 / 4.70) except in the
+//    cache-heavy layouts (TP8 M = 512, 47 per SM: 3.71 / 3.31); slower above
+//    (TP2 M = 512, 151 per SM: 6.96 / 6.73; TP1 M = 1024: 21.2 / 17.8).
 constexpr int64_t kInsertWarpRowsPerSm = 3;
 constexpr int64_t kInsertC32Q8RowsPerSmNvfp4 = 25;
 constexpr int64_t kInsertC16Q8RowsPerSmFlat = 40;
+constexpr int64_t kInsertC16Q8GuessRowsPerSmNvfp4 = 80;
 constexpr int64_t kInsertShortChainRowsPerSmMax = 800;
 
 // Lane layout: automatic, or forced (tests and the bench: m3qkv_testing_insert_layout).
@@ -65,17 +76,21 @@ enum class InsertLayout : int {
   kLane8Rows = 3,
   kSplitC32Q8 = 4,  // cache heads in warp rows, q / index_q in 8-lane rows
   kSplitC16Q8 = 5,  // cache heads in 16-lane rows, q / index_q in 8-lane rows
+  kSplitC16Q8Guess = 6,  // split c16q8 with the guess before griddepcontrol.wait
 };
+inline bool insert_split_c16q8(InsertLayout l) {
+  return l == InsertLayout::kSplitC16Q8 || l == InsertLayout::kSplitC16Q8Guess;
+}
 // Rows per warp item of a layout's q / index_q heads and of its cache heads
 // (different in the split layouts only).
 inline int insert_rows_per_item(InsertLayout l) {
   return l == InsertLayout::kWarpRows ? 1
-         : l == InsertLayout::kLane8Rows || l == InsertLayout::kSplitC32Q8 || l == InsertLayout::kSplitC16Q8
+         : l == InsertLayout::kLane8Rows || l == InsertLayout::kSplitC32Q8 || insert_split_c16q8(l)
              ? 4
              : kInsertRowsPerWarp;
 }
 inline int insert_cache_rows_per_item(InsertLayout l) {
-  return l == InsertLayout::kSplitC32Q8 ? 1 : l == InsertLayout::kSplitC16Q8 ? 2 : insert_rows_per_item(l);
+  return l == InsertLayout::kSplitC32Q8 ? 1 : insert_split_c16q8(l) ? 2 : insert_rows_per_item(l);
 }
 
 struct InsertPlan {
@@ -91,10 +106,13 @@ inline InsertLayout insert_auto_layout(int64_t m, int heads, int cache, bool kv_
   const int64_t sms = num_sms;
   if (rows <= sms * kInsertWarpRowsPerSm) return InsertLayout::kWarpRows;
   if (rows > sms * kInsertShortChainRowsPerSmMax) return InsertLayout::kQuadRows;
-  if (kv_nvfp4)
-    return rows <= sms * kInsertC32Q8RowsPerSmNvfp4 ? InsertLayout::kSplitC32Q8 : InsertLayout::kSplitC16Q8;
-  if (rows <= sms * kInsertC16Q8RowsPerSmFlat) return InsertLayout::kSplitC16Q8;
   const bool heavy = 4 * cache >= heads;
+  if (kv_nvfp4) {
+    if (rows <= sms * kInsertC32Q8RowsPerSmNvfp4) return InsertLayout::kSplitC32Q8;
+    return !heavy && rows <= sms * kInsertC16Q8GuessRowsPerSmNvfp4 ? InsertLayout::kSplitC16Q8Guess
+                                                                   : InsertLayout::kSplitC16Q8;
+  }
+  if (rows <= sms * kInsertC16Q8RowsPerSmFlat) return InsertLayout::kSplitC16Q8Guess;
   return heavy ? InsertLayout::kLane8Rows : InsertLayout::kQuadRows;
 }
 

@@ -35,17 +35,19 @@ TEST(PortablePlan, OverrideIsClampedToTheWorkItems) {
 
 // The insert's lane layout by head rows per SM (plan.h; 132 SMs): warp rows
 // up to 3 per SM (396 rows), quad rows above 800 (105600); between, NVFP4 KV
-// split c32q8 up to 25 (3300), split c16q8 above; FP8 / BF16 KV split c16q8
-// up to 40 (5280), then quad rows, or 8-lane rows in cache-heavy layouts
-// (4 · cache heads >= heads). Each layout's work items; forced layouts and
-// the grid override honoured. Hand-worked edges for TP4 (20 heads, 3 cache),
-// TP8 (12, 3: cache-heavy) and TP1 (77, 9).
+// split c32q8 up to 25 (3300), split c16q8 + guess up to 80 (10560) unless
+// cache-heavy (4 · cache heads >= heads), split c16q8 above; FP8 / BF16 KV
+// split c16q8 + guess up to 40 (5280), then quad rows, or 8-lane rows in
+// cache-heavy layouts. Each layout's work items; forced layouts and the grid
+// override honoured. Hand-worked edges for TP4 (20 heads, 3 cache), TP8 (12,
+// 3: cache-heavy) and TP1 (77, 9).
 TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   using m3qkv::portable::InsertLayout;
   using m3qkv::portable::insert_plan;
   namespace pp = m3qkv::portable;
   static_assert(pp::kInsertWarpRowsPerSm == 3 && pp::kInsertC32Q8RowsPerSmNvfp4 == 25 &&
-                    pp::kInsertC16Q8RowsPerSmFlat == 40 && pp::kInsertShortChainRowsPerSmMax == 800,
+                    pp::kInsertC16Q8RowsPerSmFlat == 40 && pp::kInsertC16Q8GuessRowsPerSmNvfp4 == 80 &&
+                    pp::kInsertShortChainRowsPerSmMax == 800,
                 "the cases below are worked for these thresholds");
   auto layout = [](int64_t m, int heads, int cache, bool nvfp4, int sms = 132) {
     return insert_plan(m, heads, cache, nvfp4, sms, 0, InsertLayout::kAuto).layout;
@@ -61,26 +63,29 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   };
   // TP4 FP8 M = 1: 20 warps in 5 CTAs of 4.
   expect_plan(1, 20, 3, false, InsertLayout::kWarpRows, 0, 20, 5);
-  // TP4 FP8: M = 19 -> 380 rows (warp), 20 -> 400: split c16q8, 10 row pairs x 3
-  // cache heads, then 5 groups of 4 x 17 q / index_q heads; 264 -> 5280
-  // (c16q8), 265: quad rows, 34 groups of 8 x 20.
+  // TP4 FP8: M = 19 -> 380 rows (warp), 20 -> 400: split c16q8 + guess, 10
+  // row pairs x 3 cache heads, then 5 groups of 4 x 17 q / index_q heads; 264
+  // -> 5280 (c16q8 + guess), 265: quad rows, 34 groups of 8 x 20.
   EXPECT_EQ(layout(19, 20, 3, false), InsertLayout::kWarpRows);
-  expect_plan(20, 20, 3, false, InsertLayout::kSplitC16Q8, 10 * 3, 10 * 3 + 5 * 17, 29);
-  EXPECT_EQ(layout(264, 20, 3, false), InsertLayout::kSplitC16Q8);
+  expect_plan(20, 20, 3, false, InsertLayout::kSplitC16Q8Guess, 10 * 3, 10 * 3 + 5 * 17, 29);
+  EXPECT_EQ(layout(264, 20, 3, false), InsertLayout::kSplitC16Q8Guess);
   expect_plan(265, 20, 3, false, InsertLayout::kQuadRows, 0, 34 * 20, 170);
   // TP4 NVFP4: M = 19 warp; 20 -> 400: split c32q8, 20 rows x 3 cache heads,
-  // then 5 groups x 17; 165 -> 3300 (c32q8), 166: c16q8 (M = 1321: 661 row
-  // pairs x 3 + 331 groups x 17); 5280 -> 105600 (c16q8), 5281: quad.
+  // then 5 groups x 17; 165 -> 3300 (c32q8), 166: c16q8 + guess up to 528
+  // (10560), 529: c16q8 (M = 1321: 661 row pairs x 3 + 331 groups x 17);
+  // 5280 -> 105600 (c16q8), 5281: quad.
   EXPECT_EQ(layout(19, 20, 3, true), InsertLayout::kWarpRows);
   expect_plan(20, 20, 3, true, InsertLayout::kSplitC32Q8, 60, 60 + 5 * 17, 37);
   EXPECT_EQ(layout(165, 20, 3, true), InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(layout(166, 20, 3, true), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(166, 20, 3, true), InsertLayout::kSplitC16Q8Guess);
+  expect_plan(528, 20, 3, true, InsertLayout::kSplitC16Q8Guess, 264 * 3, 264 * 3 + 132 * 17, 759);
+  EXPECT_EQ(layout(529, 20, 3, true), InsertLayout::kSplitC16Q8);
   expect_plan(1321, 20, 3, true, InsertLayout::kSplitC16Q8, 661 * 3, 661 * 3 + 331 * 17, 1903);
   EXPECT_EQ(layout(5280, 20, 3, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(5281, 20, 3, true), InsertLayout::kQuadRows);
   // TP8 (cache-heavy: 4 · 3 >= 12): warp rows up to M = 33 (396); NVFP4 c32q8
-  // up to 275 (3300), c16q8 up to 8800 (105600); FP8 c16q8 up to 440 (5280),
-  // 8-lane up to 8800; quad rows from 8801.
+  // up to 275 (3300), c16q8 (no guess: cache-heavy) up to 8800 (105600); FP8
+  // c16q8 + guess up to 440 (5280), 8-lane up to 8800; quad rows from 8801.
   EXPECT_EQ(layout(33, 12, 3, true), InsertLayout::kWarpRows);
   EXPECT_EQ(layout(34, 12, 3, true), InsertLayout::kSplitC32Q8);
   EXPECT_EQ(layout(275, 12, 3, true), InsertLayout::kSplitC32Q8);
@@ -88,26 +93,29 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   EXPECT_EQ(layout(8800, 12, 3, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(8801, 12, 3, true), InsertLayout::kQuadRows);
   EXPECT_EQ(layout(33, 12, 3, false), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(34, 12, 3, false), InsertLayout::kSplitC16Q8);
-  EXPECT_EQ(layout(440, 12, 3, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(34, 12, 3, false), InsertLayout::kSplitC16Q8Guess);
+  EXPECT_EQ(layout(440, 12, 3, false), InsertLayout::kSplitC16Q8Guess);
   EXPECT_EQ(layout(441, 12, 3, false), InsertLayout::kLane8Rows);
   EXPECT_EQ(layout(8800, 12, 3, false), InsertLayout::kLane8Rows);
   EXPECT_EQ(layout(8801, 12, 3, false), InsertLayout::kQuadRows);
   // One more head without a cache row is no longer cache-heavy (4 · 3 < 13):
   // FP8 M = 441 (5733 rows > 5280) takes quad rows.
   EXPECT_EQ(layout(441, 13, 3, false), InsertLayout::kQuadRows);
-  // TP1 (77 heads, 9 cache): warp rows up to M = 5 (385); FP8 c16q8 up to 68
-  // (5236), quad from 69; NVFP4 c32q8 up to 42 (3234), c16q8 up to 1371
-  // (105567), quad from 1372. Fewer SMs move the edges.
+  // TP1 (77 heads, 9 cache): warp rows up to M = 5 (385); FP8 c16q8 + guess
+  // up to 68 (5236), quad from 69; NVFP4 c32q8 up to 42 (3234), c16q8 +
+  // guess up to 137 (10549), c16q8 up to 1371 (105567), quad from 1372.
+  // Fewer SMs move the edges.
   EXPECT_EQ(layout(5, 77, 9, false), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(6, 77, 9, false), InsertLayout::kSplitC16Q8);
-  EXPECT_EQ(layout(68, 77, 9, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(6, 77, 9, false), InsertLayout::kSplitC16Q8Guess);
+  EXPECT_EQ(layout(68, 77, 9, false), InsertLayout::kSplitC16Q8Guess);
   EXPECT_EQ(layout(69, 77, 9, false), InsertLayout::kQuadRows);
-  EXPECT_EQ(layout(5, 77, 9, false, 100), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(5, 77, 9, false, 100), InsertLayout::kSplitC16Q8Guess);
   EXPECT_EQ(layout(5, 77, 9, true), InsertLayout::kWarpRows);
   EXPECT_EQ(layout(6, 77, 9, true), InsertLayout::kSplitC32Q8);
   EXPECT_EQ(layout(42, 77, 9, true), InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(layout(43, 77, 9, true), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(43, 77, 9, true), InsertLayout::kSplitC16Q8Guess);
+  EXPECT_EQ(layout(137, 77, 9, true), InsertLayout::kSplitC16Q8Guess);
+  EXPECT_EQ(layout(138, 77, 9, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(1371, 77, 9, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(1372, 77, 9, true), InsertLayout::kQuadRows);
   // Forced at any size; the split layouts' two item kinds (M = 5: 3 row pairs
@@ -123,6 +131,10 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   EXPECT_EQ(p.cache_items, 9);
   EXPECT_EQ(p.items, 9 + 34);
   EXPECT_EQ(p.grid, 11u);
+  p = insert_plan(5, 20, 3, false, 132, 0, InsertLayout::kSplitC16Q8Guess);
+  EXPECT_EQ(p.layout, InsertLayout::kSplitC16Q8Guess);
+  EXPECT_EQ(p.cache_items, 9);
+  EXPECT_EQ(p.items, 9 + 34);
   p = insert_plan(5, 20, 3, true, 132, 0, InsertLayout::kSplitC32Q8);
   EXPECT_EQ(p.cache_items, 15);
   EXPECT_EQ(p.items, 15 + 34);

@@ -127,16 +127,17 @@ void golden_insert(const Problem& p, const uint16_t* qkv, HostOutputs* o);
 // for one scope through m3qkv_testing_insert_layout; the destructor restores
 // the plan's choice. Tests of the insert run each in turn.
 constexpr int kInsertQuadRows = 1, kInsertWarpRows = 2, kInsertLane8Rows = 3, kInsertSplitC32Q8 = 4,
-              kInsertSplitC16Q8 = 5;
-constexpr int kInsertLayouts[] = {kInsertQuadRows, kInsertWarpRows, kInsertLane8Rows, kInsertSplitC32Q8,
-                                  kInsertSplitC16Q8};
+              kInsertSplitC16Q8 = 5, kInsertSplitC16Q8Guess = 6;
+constexpr int kInsertLayouts[] = {kInsertQuadRows,   kInsertWarpRows,   kInsertLane8Rows,
+                                  kInsertSplitC32Q8, kInsertSplitC16Q8, kInsertSplitC16Q8Guess};
 constexpr int kInsertLayoutCount = sizeof(kInsertLayouts) / sizeof(kInsertLayouts[0]);
 inline const char* insert_layout_name(int layout) {
   return layout == kInsertWarpRows     ? "warp rows"
          : layout == kInsertLane8Rows  ? "8-lane rows"
          : layout == kInsertSplitC32Q8 ? "split c32q8"
          : layout == kInsertSplitC16Q8 ? "split c16q8"
-                                       : "quad rows";
+         : layout == kInsertSplitC16Q8Guess ? "split c16q8 + guess"
+                                            : "quad rows";
 }
 class InsertLayoutScope {
  public:

@@ -15,8 +15,9 @@
 //    sm90_fused_decode, split 1 and 2; the automatic SM90 route takes it too at
 //    these M). K = 256: the format is under test.
 //  - GpuCacheFormats.Insert: the same cases through m3qkv_qknorm_rope_kv_insert,
-//    in each of its lane layouts (quad, warp, 8-lane rows, split c32q8, c16q8) forced
-//    on a random bf16 projection (zero row, saturating row, all-zero V head).
+//    in each of its lane layouts (quad, warp, 8-lane rows, split c32q8, c16q8,
+//    c16q8 + guess) forced on a random bf16 projection (zero row, saturating
+//    row, all-zero V head).
 //  - GpuCacheFormatsServing: the M3 serving shape (TP4, K = 6144, block 128)
 //    for FP8 and BF16 caches, fused and insert, through the public entry points.
 #include <gtest/gtest.h>

@@ -5,7 +5,7 @@
 //  - m3qkv_qknorm_rope_kv_insert: bit-exact vs golden::insert on random bf16
 //    projections (zero rows, saturating rows, skipped / out-of-range slots),
 //    in the plan's lane layout and in each one forced (quad rows, warp rows,
-//    8-lane rows, the split c32q8 and c16q8);
+//    8-lane rows, the split c32q8 and c16q8 with and without the guess);
 //  - m3qkv_mxfp8_quantize: bit-exact vs golden::mxfp8_quantize on random
 //    bf16 incl. zero rows and extreme values (padding scale rows included);
 //  - the unfused pair gemm -> insert with PDL equals the golden composition.
