@@ -19,6 +19,7 @@
 
 #include "gpu/harness.h"
 #include "ptx/globaltimer.cuh"
+#include "ptx/griddepcontrol.cuh"
 
 namespace m3qkv_gpu {
 namespace {
@@ -26,9 +27,7 @@ namespace {
 // One CTA: lets the dependent grid launch, spins, then copies the new words.
 __global__ void release_spin_then_write(int64_t* pos, const int64_t* new_pos, int64_t* slots, const int64_t* new_slots,
                                         int64_t* islots, const int64_t* new_islots, int64_t m, uint64_t spin_ns) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
+  griddepcontrol_launch_dependents();
   const uint64_t t0 = m3qkv::ptx::globaltimer();
   while (m3qkv::ptx::globaltimer() - t0 < spin_ns) {
   }
