@@ -20,11 +20,12 @@
 // j = k + K·i (i = 0 .. 16/K - 1) of lane q: columns 8j + 2q + b in
 // y[2i + b] (b = 0, 1). Why the result equals epi::epilogue_head_row bit for
 // bit:
-//  * RMSNorm: every lane also reads its row in the quad layout of its q (the
-//    K lanes of a class read the same words: one broadcast request per load)
-//    and runs the serial fma chain s_q of SPEC §3.1 exactly as
-//    quad_row_epilogue does; rms_inv of the quad's four sums, the same in
-//    every quad.
+//  * RMSNorm: every lane also sees its row in the quad layout of its q (unit
+//    j of class q is lane 4(j % K) + q's unit j / K: a shuffle within the
+//    row; the decode kernels' shared-memory source loads it again instead,
+//    Src::kSumsFromLanes) and runs the serial fma chain s_q of SPEC §3.1
+//    exactly as quad_row_epilogue does; rms_inv of the quad's four sums, the
+//    same in every quad.
 //  * RoPE: pair (i, i + 32), i < 32, is column 8j + 2q + b (j < 4) with
 //    8(j + 4) + 2q + b. For K <= 4, unit j + 4 = k + K(i + 4/K) is the same
 //    lane's; for K = 8 it is y[b] of lane r ^ 16, and both lanes evaluate
@@ -61,6 +62,12 @@ struct Bf16Row {
   __device__ __forceinline__ static float2 unpack(Word w) {
     return make_float2(bf16_to_f32(static_cast<uint16_t>(w & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(w >> 16)));
   }
+  // The norm sums' words by shuffles from the row's lanes (lane_row_epilogue),
+  // not a second load of the row: the loaded copy held 16 more words per lane
+  // through round 1. ptxas sm_90a, the insert kernels: warp 68 -> 64
+  // registers, 8-lane 74 -> 64, c32q8 80 -> 63, c16q8 + guess 80 -> 63, i.e.
+  // 8 CTAs per SM for each (bench/RESULTS.md v15).
+  static constexpr bool kSumsFromLanes = true;
 };
 
 // Units and values per lane of the L-lane form.
@@ -102,9 +109,15 @@ __device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int h
   Word w[NU];
 #pragma unroll
   for (int i = 0; i < NU; ++i) w[i] = src.load(2 * r + 2 * L * i);  // column 8(k + K·i) + 2q
-  Word qw[kHeadDim / 8];
+  // The quad-layout words of the norm sums (unit j of class q for j = 0 ..
+  // 15): with Src::kSumsFromLanes from the row's own lanes after round 1
+  // (sum_word), else loaded here (the decode kernels' shared-memory tile).
+  constexpr bool kShuffleSums = Src::kSumsFromLanes;
+  Word qw[kShuffleSums ? 1 : kHeadDim / 8];
+  if constexpr (!kShuffleSums) {
 #pragma unroll
-  for (int j = 0; j < kHeadDim / 8; ++j) qw[j] = norm ? src.load(8 * j + 2 * q) : Word{};
+    for (int j = 0; j < kHeadDim / 8; ++j) qw[j] = norm ? src.load(8 * j + 2 * q) : Word{};
+  }
   const uint32_t* wt = reinterpret_cast<const uint32_t*>(norm_weight(e, kind));
   uint32_t nw[NU];
 #pragma unroll
@@ -156,9 +169,19 @@ __device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int h
   }
   if (norm) {
     float s = 0.0f;  // s_q: class q's columns 8j + 2q + b in ascending order
+    // Unit j is lane 4(j % K) + q's w[j / K] in the same row (the layout
+    // above), the same word the load would read.
+    const int row_q = lane - r + q;
+    auto sum_word = [&](int j) -> Word {
+      if constexpr (kShuffleSums) {
+        return __shfl_sync(0xffffffffu, w[j / K], row_q + 4 * (j % K));
+      } else {
+        return qw[j];
+      }
+    };
 #pragma unroll
     for (int j = 0; j < kHeadDim / 8; ++j) {
-      const float2 v = Src::unpack(qw[j]);
+      const float2 v = Src::unpack(sum_word(j));
       s = fma_rn(v.x, v.x, s);
       s = fma_rn(v.y, v.y, s);
     }

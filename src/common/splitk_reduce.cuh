@@ -37,6 +37,10 @@ struct TileRow {
   int n;
   __device__ __forceinline__ Word load(int c) const { return *reinterpret_cast<const float2*>(T + tile_index(n, c)); }
   __device__ __forceinline__ static float2 unpack(Word w) { return w; }
+  // The norm sums' words loaded again from the tile (shared memory) rather
+  // than shuffled from the row's lanes: the decode kernels' form, whose
+  // registers were fitted to it.
+  static constexpr bool kSumsFromLanes = false;
 };
 
 // Called by the kThreads threads of the group (t = 0 .. kThreads-1; whole

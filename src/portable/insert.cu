@@ -133,10 +133,11 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
 
 // The guess (kGuess) took the small-M calls ~0.4-0.5 µs faster on the H200
 // (NVFP4 TP1 M = 1: 2.17 -> 1.65 µs) and the 8-lane kernel's FP8 / BF16 mid
-// M 5-9 % faster. The split c16q8 kernel goes from 62 to 80 registers with
-// it (8 -> 6 CTAs per SM): faster with few rows, slower with many (TP1 M =
-// 1024: 21.2 against 17.8 µs in the same run), so it has both instances and
-// the plan picks (portable/plan.h; bench/RESULTS.md v14).
+// M 5-9 % faster. The split c16q8 kernel has both instances, with the
+// same registers since v15 (63, sm_90a; the norm sums' words by shuffles,
+// epilogue_warp.cuh): the guess is faster with few rows, slower with many
+// (TP1 M = 1024 NVFP4: 17.81 against 16.64 µs in one run), and the plan
+// picks (portable/plan.h; bench/RESULTS.md v14, v15).
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_warp_kernel(const InsertParams p) {
   insert_lane_rows<32, 32, true>(p);
 }
