@@ -25,48 +25,53 @@ inline unsigned plan_grid(int64_t items, int64_t per_block, int32_t override_gri
 // head) items, one item per warp, in one of six lane layouts (below).
 constexpr int kInsertThreads = 128;    // 4 warps
 constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 token rows, a quad per row
-// Lane layouts of the insert, read off the H200 (bench/RESULTS.md v13:
-// insert_<fmt>_quad / _warp / _l8 / _c32q8 / _c16q8 forced, every TP, M
-// 1-2048 in four runs, 4096 in one; each figure pair from one run; the
-// split figures from the last, on the final kernels), by head
-// rows per SM R = m·heads / SMs. A quad per row gives the fewest
-// instructions per row, but a lane's chain of 32 values is the call's
-// latency when there are too few rows to hide it; more lanes per row shorten
-// the chain (8-lane rows: 16 values, warp rows: 4) at more instructions per
-// row (each lane of a class repeats the class's norm sum). The split layouts
-// give the cache heads (k, v, index_k) more lanes than the q / index_q
-// heads: with NVFP4 caches their group scales make theirs the longest chains.
-//  * NVFP4 KV: warp rows up to kInsertWarpRowsPerSm (M = 1); split c32q8 up
-//    to kInsertC32Q8RowsPerSmNvfp4 (TP2 M = 64, 19 per SM: 2.44 / c16q8 2.54
-//    / 8-lane 3.12; an earlier run: 2.48 / the mixed layout of v12, cache
-//    heads in warp rows + quad rows, 2.98); split
-//    c16q8 up to kInsertShortChainRowsPerSmMax (TP8 M = 512, 46 per SM: 3.32
-//    / c32q8 3.96 / 8-lane 3.89; TP1 M = 1024, 597 per SM: 17.7 / 8-lane
-//    18.3); quad rows above, where the call is bandwidth-bound and quad rows'
-//    fewer instructions win (TP1 M = 4096, 2390 per SM: 62.5 / 8-lane 67.2).
-//  * FP8 / BF16 KV: warp rows up to kInsertWarpRowsPerSm; split c16q8 up to
-//    kInsertC16Q8RowsPerSmFlat (TP4 M = 256, 39 per SM: 2.75 / 8-lane 2.96;
-//    another run: 8-lane 3.09 / quad 3.35); then quad rows (TP4 M = 512, 78
-//    per SM: 4.29 / c16q8 4.40), except in cache-heavy layouts (cache heads
-//    >= 1/4 of the heads: TP8's 3 of 12), which keep shorter chains: 8-lane
-//    rows up to kInsertShortChainRowsPerSmMax (TP8 M = 1024, 93 per SM:
-//    8-lane 4.90 / quad 5.33 µs, where TP4 M = 1024, 155 per SM, has quad
-//    6.06 / 8-lane 6.55).
+// Lane layouts of the insert, read off the H200 by head rows per SM R =
+// m·heads / SMs (bench/RESULTS.md v15: insert_<fmt>_quad / _warp / _l8 /
+// _c32q8 / _c16q8 / _c16q8g forced, every TP, M 1-4096, all in one run,
+// figures below in µs from it). A quad per row gives the fewest instructions
+// per row, but a lane's chain of 32 values is the call's latency when there
+// are too few rows to hide it; more lanes per row shorten the chain (8-lane
+// rows: 16 values, warp rows: 4) at more instructions per row (each lane of a
+// class repeats the class's norm sum). The split layouts give the cache heads
+// (k, v, index_k) more lanes than the q / index_q heads: with NVFP4 caches
+// their group scales make theirs the longest chains. Since every lane-row
+// kernel fits 8 CTAs per SM (63-64 registers, v15) the split layouts lead
+// through mid R; what remains is the wave count of each form (quad rows: 5
+// CTAs per SM at 90 registers, 8 rows per warp).
+//  * FP8 / BF16 KV: warp rows up to kInsertWarpRowsPerSmFlat (TP8 M = 64,
+//    5.8 per SM: 1.59 / c32q8 1.69); NVFP4 KV never (c32q8 within 0.04 of
+//    them at R <= 3, ahead at TP1 / TP2 / TP4 M = 1).
+//  * Split c32q8 up to kInsertC32Q8RowsPerSm (TP4 M = 512, 78 per SM: NVFP4
+//    3.51 / c16q8 4.27, FP8 3.39 / c16q8 + guess 3.68; TP1 M = 128, 75 per
+//    SM: NVFP4 3.22 / 3.76, FP8 2.90 / quad 3.57).
+//  * Above it, FP8 / BF16: quad rows up to kInsertQuadBandRowsPerSm, where
+//    they fill one wave and the split layouts spill into a second (R ~ 150:
+//    TP4 M = 1024 quad 5.80 / c32q8 6.11 / c16q8 6.13; TP1 M = 256 4.71 /
+//    4.96 / 5.02), then split c16q8 up to kInsertShortChainRowsPerSmFlat
+//    (TP1 M = 2048, 1195 per SM: 29.54 / 8-lane 30.93 / quad 32.18), quad
+//    rows above, where the call is bandwidth-bound. NVFP4: split c16q8 up to
+//    kInsertShortChainRowsPerSmNvfp4 (TP1 M = 1024, 597 per SM: 16.64 /
+//    8-lane 17.73 / quad 18.63), quad rows above (TP1 M = 4096, 2390 per SM:
+//    59.10 / 8-lane 62.42 / c16q8 67.10).
+//  * Cache-heavy layouts (cache heads >= 1/4 of the heads: TP8's 3 of 12):
+//    split c32q8 only up to kInsertC32Q8RowsPerSmHeavy (TP8 M = 256, 23 per
+//    SM: NVFP4 2.08 / c16q8 + guess 2.33), then split c16q8 with the guess
+//    up to kInsertC16Q8GuessRowsPerSmHeavy (TP8 M = 1024, 93 per SM: NVFP4
+//    5.10 / c32q8 5.24 / c16q8 5.25; M = 512: 2.96 / 3.14 / 3.15), split c16q8
+//    above (TP8 M = 2048, 186 per SM: NVFP4 7.39 / guess 7.63), FP8 / BF16
+//    8-lane rows above kInsertQuadBandRowsPerSm (TP8 M = 4096, 372 per SM:
+//    10.75 / c16q8 11.25).
 //  * The guess before griddepcontrol.wait (insert.cu, epi::row_guess) is in
-//    every lane-row kernel but split c16q8, which has a second instance with
-//    it, c16q8 + guess (v14, H200, both forms in one run): 80 registers
-//    instead of 62, faster where the rows are few enough that latency, not
-//    occupancy, bounds the call: FP8 / BF16 through their whole c16q8 band
-//    (TP1 M = 16, 9 per SM: 1.83 / 2.09 µs; TP8 M = 64, 6 per SM: 1.81 /
-//    2.07), NVFP4 up to kInsertC16Q8GuessRowsPerSmNvfp4 (TP1 M = 128, 75 per
-//    SM: 3.78 / 4.37; TP4 M = 512, 78 per SM: 4.14 / 4.70) except in the
-//    cache-heavy layouts (TP8 M = 512, 47 per SM: 3.71 / 3.31); slower above
-//    (TP2 M = 512, 151 per SM: 6.96 / 6.73; TP1 M = 1024: 21.2 / 17.8).
-constexpr int64_t kInsertWarpRowsPerSm = 3;
-constexpr int64_t kInsertC32Q8RowsPerSmNvfp4 = 25;
-constexpr int64_t kInsertC16Q8RowsPerSmFlat = 40;
-constexpr int64_t kInsertC16Q8GuessRowsPerSmNvfp4 = 80;
-constexpr int64_t kInsertShortChainRowsPerSmMax = 800;
+//    every lane-row kernel; split c16q8 also has an instance without it, the
+//    faster one at R >= ~150 with the same registers (TP1 M = 1024 NVFP4:
+//    16.64 / 17.81 µs; TP8 M = 2048 above).
+constexpr int64_t kInsertWarpRowsPerSmFlat = 6;
+constexpr int64_t kInsertC32Q8RowsPerSm = 80;
+constexpr int64_t kInsertC32Q8RowsPerSmHeavy = 25;
+constexpr int64_t kInsertC16Q8GuessRowsPerSmHeavy = 100;
+constexpr int64_t kInsertQuadBandRowsPerSm = 200;
+constexpr int64_t kInsertShortChainRowsPerSmNvfp4 = 800;
+constexpr int64_t kInsertShortChainRowsPerSmFlat = 1200;
 
 // Lane layout: automatic, or forced (tests and the bench: m3qkv_testing_insert_layout).
 enum class InsertLayout : int {
@@ -104,16 +109,18 @@ struct InsertPlan {
 inline InsertLayout insert_auto_layout(int64_t m, int heads, int cache, bool kv_nvfp4, int num_sms) {
   const int64_t rows = m * heads;
   const int64_t sms = num_sms;
-  if (rows <= sms * kInsertWarpRowsPerSm) return InsertLayout::kWarpRows;
-  if (rows > sms * kInsertShortChainRowsPerSmMax) return InsertLayout::kQuadRows;
+  const auto within = [&](int64_t per_sm) { return rows <= sms * per_sm; };  // R <= per_sm
   const bool heavy = 4 * cache >= heads;
-  if (kv_nvfp4) {
-    if (rows <= sms * kInsertC32Q8RowsPerSmNvfp4) return InsertLayout::kSplitC32Q8;
-    return !heavy && rows <= sms * kInsertC16Q8GuessRowsPerSmNvfp4 ? InsertLayout::kSplitC16Q8Guess
-                                                                   : InsertLayout::kSplitC16Q8;
+  if (!kv_nvfp4 && within(kInsertWarpRowsPerSmFlat)) return InsertLayout::kWarpRows;
+  if (!within(kv_nvfp4 ? kInsertShortChainRowsPerSmNvfp4 : kInsertShortChainRowsPerSmFlat))
+    return InsertLayout::kQuadRows;
+  if (heavy) {
+    if (within(kInsertC32Q8RowsPerSmHeavy)) return InsertLayout::kSplitC32Q8;
+    if (within(kInsertC16Q8GuessRowsPerSmHeavy)) return InsertLayout::kSplitC16Q8Guess;
+    return kv_nvfp4 || within(kInsertQuadBandRowsPerSm) ? InsertLayout::kSplitC16Q8 : InsertLayout::kLane8Rows;
   }
-  if (rows <= sms * kInsertC16Q8RowsPerSmFlat) return InsertLayout::kSplitC16Q8Guess;
-  return heavy ? InsertLayout::kLane8Rows : InsertLayout::kQuadRows;
+  if (within(kInsertC32Q8RowsPerSm)) return InsertLayout::kSplitC32Q8;
+  return !kv_nvfp4 && within(kInsertQuadBandRowsPerSm) ? InsertLayout::kQuadRows : InsertLayout::kSplitC16Q8;
 }
 
 // heads = nq + 2·nkv + niq + nik, cache = 2·nkv + nik of them.

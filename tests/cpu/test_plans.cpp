@@ -33,21 +33,23 @@ TEST(PortablePlan, OverrideIsClampedToTheWorkItems) {
   EXPECT_EQ(m3qkv::portable::plan_grid(140, 128, 1), 1u);
 }
 
-// The insert's lane layout by head rows per SM (plan.h; 132 SMs): warp rows
-// up to 3 per SM (396 rows), quad rows above 800 (105600); between, NVFP4 KV
-// split c32q8 up to 25 (3300), split c16q8 + guess up to 80 (10560) unless
-// cache-heavy (4 · cache heads >= heads), split c16q8 above; FP8 / BF16 KV
-// split c16q8 + guess up to 40 (5280), then quad rows, or 8-lane rows in
-// cache-heavy layouts. Each layout's work items; forced layouts and the grid
-// override honoured. Hand-worked edges for TP4 (20 heads, 3 cache), TP8 (12,
-// 3: cache-heavy) and TP1 (77, 9).
+// The insert's lane layout by head rows per SM R (plan.h; 132 SMs). FP8 /
+// BF16: warp rows up to 6 per SM (792 rows); split c32q8 up to 80 (10560);
+// quad rows up to 200 (26400); split c16q8 up to 1200 (158400); quad above.
+// NVFP4: split c32q8 from the first row up to 80, split c16q8 up to 800
+// (105600), quad above. Cache-heavy layouts (4 · cache heads >= heads):
+// c32q8 up to 25 (3300), c16q8 + guess up to 100 (13200), then c16q8 (FP8 /
+// BF16: up to 200, then 8-lane rows up to 1200). Each layout's work items;
+// forced layouts and the grid override honoured. Hand-worked edges for TP4
+// (20 heads, 3 cache), TP8 (12, 3: cache-heavy) and TP1 (77, 9).
 TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   using m3qkv::portable::InsertLayout;
   using m3qkv::portable::insert_plan;
   namespace pp = m3qkv::portable;
-  static_assert(pp::kInsertWarpRowsPerSm == 3 && pp::kInsertC32Q8RowsPerSmNvfp4 == 25 &&
-                    pp::kInsertC16Q8RowsPerSmFlat == 40 && pp::kInsertC16Q8GuessRowsPerSmNvfp4 == 80 &&
-                    pp::kInsertShortChainRowsPerSmMax == 800,
+  static_assert(pp::kInsertWarpRowsPerSmFlat == 6 && pp::kInsertC32Q8RowsPerSm == 80 &&
+                    pp::kInsertC32Q8RowsPerSmHeavy == 25 && pp::kInsertC16Q8GuessRowsPerSmHeavy == 100 &&
+                    pp::kInsertQuadBandRowsPerSm == 200 && pp::kInsertShortChainRowsPerSmNvfp4 == 800 &&
+                    pp::kInsertShortChainRowsPerSmFlat == 1200,
                 "the cases below are worked for these thresholds");
   auto layout = [](int64_t m, int heads, int cache, bool nvfp4, int sms = 132) {
     return insert_plan(m, heads, cache, nvfp4, sms, 0, InsertLayout::kAuto).layout;
@@ -63,58 +65,67 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   };
   // TP4 FP8 M = 1: 20 warps in 5 CTAs of 4.
   expect_plan(1, 20, 3, false, InsertLayout::kWarpRows, 0, 20, 5);
-  // TP4 FP8: M = 19 -> 380 rows (warp), 20 -> 400: split c16q8 + guess, 10
-  // row pairs x 3 cache heads, then 5 groups of 4 x 17 q / index_q heads; 264
-  // -> 5280 (c16q8 + guess), 265: quad rows, 34 groups of 8 x 20.
-  EXPECT_EQ(layout(19, 20, 3, false), InsertLayout::kWarpRows);
-  expect_plan(20, 20, 3, false, InsertLayout::kSplitC16Q8Guess, 10 * 3, 10 * 3 + 5 * 17, 29);
-  EXPECT_EQ(layout(264, 20, 3, false), InsertLayout::kSplitC16Q8Guess);
-  expect_plan(265, 20, 3, false, InsertLayout::kQuadRows, 0, 34 * 20, 170);
-  // TP4 NVFP4: M = 19 warp; 20 -> 400: split c32q8, 20 rows x 3 cache heads,
-  // then 5 groups x 17; 165 -> 3300 (c32q8), 166: c16q8 + guess up to 528
-  // (10560), 529: c16q8 (M = 1321: 661 row pairs x 3 + 331 groups x 17);
-  // 5280 -> 105600 (c16q8), 5281: quad.
-  EXPECT_EQ(layout(19, 20, 3, true), InsertLayout::kWarpRows);
-  expect_plan(20, 20, 3, true, InsertLayout::kSplitC32Q8, 60, 60 + 5 * 17, 37);
-  EXPECT_EQ(layout(165, 20, 3, true), InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(layout(166, 20, 3, true), InsertLayout::kSplitC16Q8Guess);
-  expect_plan(528, 20, 3, true, InsertLayout::kSplitC16Q8Guess, 264 * 3, 264 * 3 + 132 * 17, 759);
-  EXPECT_EQ(layout(529, 20, 3, true), InsertLayout::kSplitC16Q8);
-  expect_plan(1321, 20, 3, true, InsertLayout::kSplitC16Q8, 661 * 3, 661 * 3 + 331 * 17, 1903);
+  // TP4 FP8: M = 39 -> 780 rows (warp), 40 -> 800: split c32q8, 40 rows x 3
+  // cache heads, then 10 groups of 4 x 17 q / index_q heads (290 warps, 73
+  // CTAs); 528 -> 10560 (c32q8), 529: quad rows, 67 groups of 8 x 20, up to
+  // 1320 (26400); 1321: split c16q8 (661 row pairs x 3 + 331 groups x 17) up
+  // to 7920 (158400); 7921: quad.
+  EXPECT_EQ(layout(39, 20, 3, false), InsertLayout::kWarpRows);
+  expect_plan(40, 20, 3, false, InsertLayout::kSplitC32Q8, 40 * 3, 40 * 3 + 10 * 17, 73);
+  EXPECT_EQ(layout(528, 20, 3, false), InsertLayout::kSplitC32Q8);
+  expect_plan(529, 20, 3, false, InsertLayout::kQuadRows, 0, 67 * 20, 335);
+  EXPECT_EQ(layout(1320, 20, 3, false), InsertLayout::kQuadRows);
+  expect_plan(1321, 20, 3, false, InsertLayout::kSplitC16Q8, 661 * 3, 661 * 3 + 331 * 17, 1903);
+  EXPECT_EQ(layout(7920, 20, 3, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(7921, 20, 3, false), InsertLayout::kQuadRows);
+  // TP4 NVFP4: M = 1 already split c32q8 (3 cache heads + 1 group x 17); up
+  // to 528, then split c16q8 up to 5280 (105600), 5281: quad.
+  expect_plan(1, 20, 3, true, InsertLayout::kSplitC32Q8, 3, 3 + 17, 5);
+  EXPECT_EQ(layout(528, 20, 3, true), InsertLayout::kSplitC32Q8);
+  expect_plan(529, 20, 3, true, InsertLayout::kSplitC16Q8, 265 * 3, 265 * 3 + 133 * 17, 764);
   EXPECT_EQ(layout(5280, 20, 3, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(5281, 20, 3, true), InsertLayout::kQuadRows);
-  // TP8 (cache-heavy: 4 · 3 >= 12): warp rows up to M = 33 (396); NVFP4 c32q8
-  // up to 275 (3300), c16q8 (no guess: cache-heavy) up to 8800 (105600); FP8
-  // c16q8 + guess up to 440 (5280), 8-lane up to 8800; quad rows from 8801.
-  EXPECT_EQ(layout(33, 12, 3, true), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(34, 12, 3, true), InsertLayout::kSplitC32Q8);
+  // TP8 (cache-heavy: 4 · 3 >= 12). FP8: warp rows up to M = 66 (792), c32q8
+  // up to 275 (3300), c16q8 + guess up to 1100 (13200), c16q8 up to 2200
+  // (26400), 8-lane up to 13200 (158400), quad from 13201. NVFP4: c32q8 up
+  // to 275, c16q8 + guess from 276 (138 row pairs x 3 + 69 groups x 9 = 1035
+  // warps, 259 CTAs) up to 1100, c16q8 up to 8800 (105600), quad from 8801.
+  EXPECT_EQ(layout(66, 12, 3, false), InsertLayout::kWarpRows);
+  EXPECT_EQ(layout(67, 12, 3, false), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(275, 12, 3, false), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(276, 12, 3, false), InsertLayout::kSplitC16Q8Guess);
+  EXPECT_EQ(layout(1100, 12, 3, false), InsertLayout::kSplitC16Q8Guess);
+  EXPECT_EQ(layout(1101, 12, 3, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(2200, 12, 3, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(2201, 12, 3, false), InsertLayout::kLane8Rows);
+  EXPECT_EQ(layout(13200, 12, 3, false), InsertLayout::kLane8Rows);
+  EXPECT_EQ(layout(13201, 12, 3, false), InsertLayout::kQuadRows);
+  EXPECT_EQ(layout(1, 12, 3, true), InsertLayout::kSplitC32Q8);
   EXPECT_EQ(layout(275, 12, 3, true), InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(layout(276, 12, 3, true), InsertLayout::kSplitC16Q8);
+  expect_plan(276, 12, 3, true, InsertLayout::kSplitC16Q8Guess, 138 * 3, 138 * 3 + 69 * 9, 259);
+  EXPECT_EQ(layout(1100, 12, 3, true), InsertLayout::kSplitC16Q8Guess);
+  EXPECT_EQ(layout(1101, 12, 3, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(8800, 12, 3, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(8801, 12, 3, true), InsertLayout::kQuadRows);
-  EXPECT_EQ(layout(33, 12, 3, false), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(34, 12, 3, false), InsertLayout::kSplitC16Q8Guess);
-  EXPECT_EQ(layout(440, 12, 3, false), InsertLayout::kSplitC16Q8Guess);
-  EXPECT_EQ(layout(441, 12, 3, false), InsertLayout::kLane8Rows);
-  EXPECT_EQ(layout(8800, 12, 3, false), InsertLayout::kLane8Rows);
-  EXPECT_EQ(layout(8801, 12, 3, false), InsertLayout::kQuadRows);
   // One more head without a cache row is no longer cache-heavy (4 · 3 < 13):
-  // FP8 M = 441 (5733 rows > 5280) takes quad rows.
-  EXPECT_EQ(layout(441, 13, 3, false), InsertLayout::kQuadRows);
-  // TP1 (77 heads, 9 cache): warp rows up to M = 5 (385); FP8 c16q8 + guess
-  // up to 68 (5236), quad from 69; NVFP4 c32q8 up to 42 (3234), c16q8 +
-  // guess up to 137 (10549), c16q8 up to 1371 (105567), quad from 1372.
-  // Fewer SMs move the edges.
-  EXPECT_EQ(layout(5, 77, 9, false), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(6, 77, 9, false), InsertLayout::kSplitC16Q8Guess);
-  EXPECT_EQ(layout(68, 77, 9, false), InsertLayout::kSplitC16Q8Guess);
-  EXPECT_EQ(layout(69, 77, 9, false), InsertLayout::kQuadRows);
-  EXPECT_EQ(layout(5, 77, 9, false, 100), InsertLayout::kSplitC16Q8Guess);
-  EXPECT_EQ(layout(5, 77, 9, true), InsertLayout::kWarpRows);
-  EXPECT_EQ(layout(6, 77, 9, true), InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(layout(42, 77, 9, true), InsertLayout::kSplitC32Q8);
-  EXPECT_EQ(layout(43, 77, 9, true), InsertLayout::kSplitC16Q8Guess);
-  EXPECT_EQ(layout(137, 77, 9, true), InsertLayout::kSplitC16Q8Guess);
+  // FP8 M = 276 (3588 rows) keeps c32q8, M = 813 (10569 > 10560) takes quad rows.
+  EXPECT_EQ(layout(276, 13, 3, false), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(813, 13, 3, false), InsertLayout::kQuadRows);
+  // TP1 (77 heads, 9 cache). FP8: warp rows up to M = 10 (770), c32q8 up to
+  // 137 (10549), quad up to 342 (26334), c16q8 up to 2057 (158389), quad
+  // from 2058. NVFP4: c32q8 up to 137, c16q8 up to 1371 (105567), quad from
+  // 1372. Fewer SMs move the edges.
+  EXPECT_EQ(layout(10, 77, 9, false), InsertLayout::kWarpRows);
+  EXPECT_EQ(layout(11, 77, 9, false), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(10, 77, 9, false, 100), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(137, 77, 9, false), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(138, 77, 9, false), InsertLayout::kQuadRows);
+  EXPECT_EQ(layout(342, 77, 9, false), InsertLayout::kQuadRows);
+  EXPECT_EQ(layout(343, 77, 9, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(2057, 77, 9, false), InsertLayout::kSplitC16Q8);
+  EXPECT_EQ(layout(2058, 77, 9, false), InsertLayout::kQuadRows);
+  EXPECT_EQ(layout(1, 77, 9, true), InsertLayout::kSplitC32Q8);
+  EXPECT_EQ(layout(137, 77, 9, true), InsertLayout::kSplitC32Q8);
   EXPECT_EQ(layout(138, 77, 9, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(1371, 77, 9, true), InsertLayout::kSplitC16Q8);
   EXPECT_EQ(layout(1372, 77, 9, true), InsertLayout::kQuadRows);
