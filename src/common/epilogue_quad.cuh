@@ -131,8 +131,10 @@ struct RowInputs {
 // kL2Only: ld.global.cg (__ldcg; PTX ISA "ld", cache operator .cg: cached
 // in L2 and below, not in L1), which leaves no copy in L1: row_guess reads
 // before griddepcontrol.wait, and a later plain load must not hit a line
-// read then.
-template <bool kL2Only = false>
+// read then. kSlot = false: no slot read (slot_raw = -1), for row_guess
+// without a destination, which would not use it (the .cg loads are volatile
+// asm, which the compiler keeps even when unused).
+template <bool kL2Only = false, bool kSlot = true>
 __device__ __forceinline__ RowInputs row_inputs(const EpilogueParams& e, const HeadInfo& hi, int64_t row, bool valid) {
   const HeadKind kind = hi.kind;
   const bool kv = kind == HeadKind::K || kind == HeadKind::V;
@@ -144,7 +146,7 @@ __device__ __forceinline__ RowInputs row_inputs(const EpilogueParams& e, const H
     }
   };
   RowInputs in;
-  in.slot_raw = !valid                     ? -1
+  in.slot_raw = !kSlot || !valid           ? -1
                 : kv                       ? ld(e.slot_mapping + row)
                 : kind == HeadKind::IndexK ? ld(e.index_slot_mapping + row)
                                            : -1;
@@ -237,10 +239,10 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
 // and the slot division and address are off the post-wait path (on the
 // H200 each dependent load round after the wait took ~1,000 cycles at
 // small M, bench/RESULTS.md v14).
-// kDest: the destination guessed too (warp rows, kRowGuessDest<L>: a lane's
-// few values leave registers for it; with 8 or 16 lanes per row, ~25 more
-// registers per thread cost the split kernels 3 of their 8 CTAs per SM,
-// ptxas sm_90a), else d / bits stay unset and unread.
+// kDest: the destination guessed too (warp rows, kRowGuessDest<L>), else
+// only the position (d / bits stay unset and unread). ptxas sm_90a with it
+// for every L: the 8-lane kernel 64 -> 80 registers (8 -> 6 CTAs per SM), the
+// split kernels 63 -> 64 (still 8; v15, not measured on the GPU).
 template <int L>
 constexpr bool kRowGuessDest = L == 32;
 struct RowGuess {
@@ -251,7 +253,7 @@ struct RowGuess {
 template <bool kDest>
 __device__ __forceinline__ RowGuess row_guess(const EpilogueParams& e, const HeadInfo& hi, int64_t row, bool valid) {
   RowGuess s{};
-  s.in = row_inputs<true>(e, hi, row, valid);
+  s.in = row_inputs<true, kDest>(e, hi, row, valid);
   s.bits = 0;
   if constexpr (kDest) s.d = row_dest_quiet(e, hi, s.in, valid, &s.bits);
   return s;

@@ -41,10 +41,17 @@ using namespace m3qkv::portable;
 static_assert(kInsertThreads % 32 == 0, "whole warps");
 static_assert(kInsertRowsPerWarp * 4 == 32, "one quad per row");
 
-// The row of lane `lane` in a (32/L-row group) of L-lane rows.
+// The row of lane `lane` in a (32/L-row group) of L-lane rows, and whether
+// it exists (the last group may run past m).
+struct LaneRowOf {
+  int64_t row;
+  bool valid;
+};
 template <int L>
-__device__ __forceinline__ int64_t lane_rows_row(int64_t group, int lane) {
-  return group * epi::LaneRow<L>::kRowsPerWarp + lane / L;
+__device__ __forceinline__ LaneRowOf lane_rows_row(const InsertParams& p, int64_t group, int lane) {
+  constexpr int kRows = epi::LaneRow<L>::kRowsPerWarp;
+  const int64_t row = group * kRows + lane / L;
+  return {row, kRows == 1 || row < p.m};
 }
 
 // One (32/L-row group, head) item of L-lane rows, the head of class H; guess:
@@ -52,11 +59,9 @@ __device__ __forceinline__ int64_t lane_rows_row(int64_t group, int lane) {
 template <int L, epi::RowHeads H>
 __device__ __forceinline__ void lane_rows_item(const InsertParams& p, int64_t n, int head, int64_t group,
                                                const epi::RowGuess* guess) {
-  constexpr int kRows = epi::LaneRow<L>::kRowsPerWarp;
-  const int64_t row = lane_rows_row<L>(group, static_cast<int>(threadIdx.x % 32));
-  const bool valid = kRows == 1 || row < p.m;
-  const epi::Bf16Row src{p.qkv + (valid ? row : 0) * n + static_cast<int64_t>(head) * kHeadDim};
-  epi::lane_row_epilogue<L, H>(p.e, head, row, valid, src, guess);
+  const LaneRowOf lr = lane_rows_row<L>(p, group, static_cast<int>(threadIdx.x % 32));
+  const epi::Bf16Row src{p.qkv + (lr.valid ? lr.row : 0) * n + static_cast<int64_t>(head) * kHeadDim};
+  epi::lane_row_epilogue<L, H>(p.e, head, lr.row, lr.valid, src, guess);
 }
 
 // L-lane rows, a warp-uniform loop over the items. Lc == Lq: (row group,
@@ -98,11 +103,11 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
   auto guess_of = [&](const Item& t) {
     const HeadInfo hi = head_info(t.head, p.e.nq, p.e.nkv, p.e.niq);
     if (t.cache) {
-      const int64_t row = lane_rows_row<Lc>(t.group, lane);
-      return epi::row_guess<epi::kRowGuessDest<Lc>>(p.e, hi, row, kRowsC == 1 || row < p.m);
+      const LaneRowOf lr = lane_rows_row<Lc>(p, t.group, lane);
+      return epi::row_guess<epi::kRowGuessDest<Lc>>(p.e, hi, lr.row, lr.valid);
     }
-    const int64_t row = lane_rows_row<Lq>(t.group, lane);
-    return epi::row_guess<epi::kRowGuessDest<Lq>>(p.e, hi, row, kRowsQ == 1 || row < p.m);
+    const LaneRowOf lr = lane_rows_row<Lq>(p, t.group, lane);
+    return epi::row_guess<epi::kRowGuessDest<Lq>>(p.e, hi, lr.row, lr.valid);
   };
 
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
