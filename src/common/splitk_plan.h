@@ -31,6 +31,9 @@ struct Target {
   // some split allows it: among such splits the cheapest is taken, otherwise
   // the cheapest of all. 0: the cost model alone decides.
   int min_busy_percent;
+  // Largest partial-slot workspace a plan may take (bytes); 0 = unbounded.
+  // Splits that need more are not considered (S = 1 needs none).
+  int64_t max_partial_bytes = 0;
 };
 
 struct Plan {
@@ -104,6 +107,15 @@ inline Plan plan(const Target& t, int64_t m, int heads, int ks, int num_sms, int
   int64_t best_cost = -1, best_any_cost = -1;
   for (int S = s_lo; S <= s_hi; ++S) {
     const int64_t units = static_cast<int64_t>(heads) * p.token_blocks * S;
+    if (S > 1 && t.max_partial_bytes > 0 && units * p.nt * 128 * 4 > t.max_partial_bytes) {
+      if (S == s_lo) {  // a forced split that does not fit: the largest that does
+        int fit = S;
+        while (fit > 1 && static_cast<int64_t>(heads) * p.token_blocks * fit * p.nt * 512 > t.max_partial_bytes) --fit;
+        p.split = fit;
+        break;
+      }
+      continue;
+    }
     const int64_t grid = units < cap ? units : cap;
     const int64_t units_per_cta = (units + grid - 1) / grid;
     const int unit_stages = (ks + S - 1) / S;
@@ -117,7 +129,7 @@ inline Plan plan(const Target& t, int64_t m, int heads, int ks, int num_sms, int
       best_s = S;
     }
   }
-  p.split = best_s > 0 ? best_s : best_any;
+  if (p.split == 0) p.split = best_s > 0 ? best_s : best_any;
   p.units = static_cast<int64_t>(heads) * p.token_blocks * p.split;
   p.grid = static_cast<int>(p.units < cap ? p.units : cap);
   p.max_unit_stages = (ks + p.split - 1) / p.split;

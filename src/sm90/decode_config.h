@@ -1,6 +1,7 @@
-// Compile-time configuration of the SM90 decode kernel (decode_sm90.cu) and
-// the parameters the launcher passes to it. Every shared-memory byte is placed
-// here once, with static asserts; docs/sm90_decode.md explains the choices.
+// Compile-time configuration of the SM90 swap-AB kernel (decode_sm90.cu), the
+// one SM90 mainloop for every M, and the parameters the launcher passes to
+// it. Every shared-memory byte, barrier and register budget is placed here
+// once, with static asserts; docs/sm90.md explains the choices.
 #pragma once
 
 #include <cuda.h>
@@ -12,22 +13,31 @@
 
 namespace m3qkv::sm90::decode {
 
+// ---- roles ------------------------------------------------------------------
+// Warpgroups 0-1: consumers, rows 0-63 / 64-127 of the head (the wgmma M
+// side; wgmma needs warpgroups at warp indices that are multiples of 4). They
+// dequantize the weights straight into A-fragment registers and issue wgmma.
+// Warpgroup 2: warp 8 is the TMA producer (one elected lane), warps 9-11 the
+// activation transform: raw x (e4m3 + scales, or bf16) of a stage -> the bf16
+// B tile in the K order of the A fragments. Moving x off the consumers lets
+// their weight dequantization overlap the previous stage's wgmma.
 constexpr int kWarpgroup = 128;
-constexpr int kConsumerWarpgroups = 2;  // two m64 halves of the 128-row head (the wgmma M side)
+constexpr int kConsumerWarpgroups = 2;
 constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroup;
 constexpr int kConsumerWarps = kConsumerThreads / 32;
-// Warpgroups 0-1 are the consumers (wgmma needs warpgroups at warp indices
-// that are multiples of 4), warpgroup 2 the producer: one elected lane of its
-// first warp issues the copies, and the whole warpgroup gives registers to the
-// consumers (setmaxnreg works per warpgroup). At launch 384 threads get 168
-// registers each (65536 / 384, rounded down to the granule of 8).
 constexpr int kProducerWarp = kConsumerWarps;
+constexpr int kTransformWarp0 = kProducerWarp + 1;
+constexpr int kTransformWarps = 3;
+constexpr int kTransformThreads = kTransformWarps * 32;
 constexpr int kThreads = kConsumerThreads + kWarpgroup;
+static_assert(kTransformWarp0 + kTransformWarps == kThreads / 32, "warpgroup 2 = producer warp + transform warps");
+// setmaxnreg works per warpgroup: at launch 384 threads get 168 registers
+// (65536 / 384, granule 8). Config<NT> splits the file between the consumers
+// (accumulators NT/2 + two A sets of 32 + the epilogue) and warpgroup 2 (the
+// transform's loads and stores); both sides fitted by ptxas without spills.
 constexpr int kLaunchRegs = (65536 / kThreads) & ~7;
-constexpr int kProducerRegs = 24;
-constexpr int kConsumerRegs = 240;
-static_assert(kProducerRegs * kWarpgroup + kConsumerRegs * kConsumerThreads <= kLaunchRegs * kThreads,
-              "setmaxnreg: the registers allocated at launch cover the increased consumers");
+
+// ---- shapes -----------------------------------------------------------------
 constexpr int kHeadRows = 128;   // weight rows per unit (one head)
 constexpr int kBK = 128;         // K per TMA stage: 128 B of e4m3 per row, one 512-B scale chunk
 constexpr int kStepK = 64;       // K per wgmma step: one 128-B swizzle row of bf16 per token
@@ -48,17 +58,13 @@ static_assert(kStepK * 2 == 128, "a step's bf16 token row is one 128-byte swizzl
 // step s is physical byte decode_a_byte(q, s, e) of row r + 8·((e / 2) % 2).
 constexpr int decode_a_byte(int q, int s, int e) { return 16 * q + 4 * s + 2 * (e / 4) + (e % 2); }
 // The logical column (0..63 within the step: k16 step = column / 16) that
-// physical byte p feeds, in A as in B: the converter writes activation byte p
-// of a token to this column of its bf16 row.
+// physical K index p feeds, in A as in B: the transform writes activation
+// element p of a token to this column of its bf16 row.
 constexpr int decode_logical_col(int p) { return 16 * ((p % 16) / 4) + 8 * ((p % 4) / 2) + 2 * (p / 16) + p % 2; }
 
-// The bf16 B ring: one buffer per 64-K step (NT token rows × 64 bf16), two
-// per stage, for three stages. The consumers convert a whole stage, meet at
-// one barrier, then issue its 8 wgmmas; stage i writes the buffers of stage
-// i - 3, whose group both warpgroups retired (wait_group 1 at the end of
-// stage i - 2) before the barrier of stage i - 1 (decode_sm90.cu, "Ordering").
-constexpr int kBStageSlots = 3;
-constexpr int kBBuffers = kBStageSlots * 2;
+// Activation formats of the raw stage (template parameter XB = bytes per element).
+constexpr int kXE4m3 = 1;  // xq (e4m3) + xsf: one TMA box of 128 K, the scale chunk by bulk copy
+constexpr int kXBf16 = 2;  // x_bf16: two TMA boxes of 64 K (128 B each), no scales
 
 // Test-only timeline (decode_set_trace): one %globaltimer stamp per event and
 // CTA; "last" events are taken on the CTA's last unit.
@@ -75,26 +81,37 @@ enum TraceEvent : int {
   kTraceEvents = 10
 };
 
-template <int NT>
+template <int NT, int XB>
 struct Config {
   static_assert(NT == 16 || NT == 32 || NT == 64 || NT == 128, "token block = wgmma N");
+  static_assert(XB == kXE4m3 || XB == kXBf16, "activation format");
   static constexpr int kNt = NT;
   static constexpr int kAccRegs = NT / 2;  // f32 accumulators per thread (m64 × NT per warpgroup)
+  // NT = 128: the consumers need 240 (232 spills the epilogue's addresses);
+  // below, 232 leave the transform 48 (32 spill its unit loop at NT = 16).
+  static constexpr int kConsumerRegs = NT >= 128 ? 240 : 232;
+  static constexpr int kWg2Regs = (65536 - kConsumerRegs * kConsumerThreads) / kWarpgroup;
+  static_assert(kWg2Regs >= 24 && kConsumerRegs % 8 == 0 && kWg2Regs % 8 == 0, "setmaxnreg operand rules");
 
   // ---- shared memory --------------------------------------------------------
-  // [B ring: kBBuffers × NT × 128 B, its first NT × 512 B aliased by the reduction tile T: NT × 128 f32]
-  // [stages × (W: 128 × 128 e4m3 | X: NT × 128 e4m3 | wsf chunk | xsf chunk)]
-  // [full[kStages] | empty[kStages] | unit flag word]
-  static constexpr int kBBufBytes = NT * kStepK * 2;
-  static constexpr int kRingBytes = kBBuffers * kBBufBytes;
+  // [B ring: kBSlots × 2 steps × NT × 128 B, its first NT × 512 B aliased by the reduction tile T]
+  // [stages × (W: 128 × 128 e4m3 | X: NT × 128 × XB | wsf chunk | xsf chunk (e4m3 only))]
+  // [full | empty | bfull | bempty | tfree | unit flag word]
+  static constexpr int kBBufBytes = NT * kStepK * 2;                 // one 64-K step of the bf16 B tile
+  static constexpr int kBSlotBytes = kStepsPerStage * kBBufBytes;    // one stage
+  static constexpr int kBSlots = NT >= 128 ? 2 : 3;                  // 2 keep 4 e4m3 stages at NT = 128
+  static constexpr int kRingBytes = kBSlots * kBSlotBytes;
   static constexpr int kTileBytes = NT * kHeadRows * 4;  // reduction tile T
   static_assert(kRingBytes >= kTileBytes, "T fits in the B ring it aliases");
   static constexpr int kWBytes = kHeadRows * kBK;
-  static constexpr int kXBytes = NT * kBK;
-  static constexpr int kStageBytes = kWBytes + kXBytes + 2 * kSfChunk;
-  static constexpr int kTxBytes = kStageBytes;  // every byte of a stage arrives by TMA / bulk copy
+  static constexpr int kXHalfBytes = NT * kStepK * XB;  // bf16: one TMA box of 64 K; e4m3: half the box
+  static constexpr int kXBytes = NT * kBK * XB;
+  static constexpr int kSfBytes = XB == kXE4m3 ? 2 * kSfChunk : kSfChunk;
+  static constexpr int kTxBytes = kWBytes + kXBytes + kSfBytes;  // every byte of a stage arrives by TMA / bulk copy
+  static constexpr int kStageBytes = (kTxBytes + kSwizzleAtom - 1) / kSwizzleAtom * kSwizzleAtom;
   static constexpr int kMaxStages = 8;
-  static constexpr int kBarrierBytes = 2 * kMaxStages * 8 + 16;
+  static constexpr int kBarrierWords = 2 * kMaxStages + 2 * 3 + 1;  // full, empty, bfull, bempty (<= 3 slots), tfree
+  static constexpr int kBarrierBytes = kBarrierWords * 8 + 16;      // + the unit flag word
   static constexpr int kAlignSlack = kSwizzleAtom;  // dynamic smem base rounded up to 1024 B
   static constexpr int kStagesFit = (kSmemLimit - kAlignSlack - kBarrierBytes - kRingBytes) / kStageBytes;
   static constexpr int kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
@@ -106,13 +123,31 @@ struct Config {
   static constexpr int kWOff = 0;
   static constexpr int kXOff = kWBytes;
   static constexpr int kWsfOff = kWBytes + kXBytes;
-  static constexpr int kXsfOff = kWsfOff + kSfChunk;
+  static constexpr int kXsfOff = kWsfOff + kSfChunk;  // e4m3 only
+  // barrier offsets (from kBarOff)
+  static constexpr int kFullOff = 0;
+  static constexpr int kEmptyOff = 8 * kMaxStages;
+  static constexpr int kBFullOff = 16 * kMaxStages;
+  static constexpr int kBEmptyOff = kBFullOff + 8 * 3;
+  static constexpr int kTFreeOff = kBEmptyOff + 8 * 3;
+  static constexpr int kFlagOff = kTFreeOff + 8;
+  static_assert(kFlagOff + 16 <= kBarrierBytes, "barrier block");
+  // Arrivals: a raw stage is read by every consumer (W, wsf) and every
+  // transform thread (X, xsf); a B slot is written by every transform thread
+  // and released by every consumer once its wgmma group retired. Each thread
+  // arrives for its own accesses (compute-sanitizer racecheck does not model
+  // __syncwarp-ordered single arrivals).
+  static constexpr int kEmptyArrivals = kConsumerThreads + kTransformThreads;
+  static constexpr int kBFullArrivals = kTransformThreads;
+  static constexpr int kBEmptyArrivals = kConsumerThreads;
 
   static_assert(kStages >= 3, "at least 3 stages (48 KiB of weights) in flight per SM");
+  static_assert(kBSlots >= 2 && kBSlots <= 3, "B slots (barrier block holds 3)");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget");
   static_assert(kBBufBytes % kSwizzleAtom == 0, "B buffers: 1024-B aligned 128B-swizzle atoms");
-  static_assert(kStageOff % kSwizzleAtom == 0 && kStageBytes % kSwizzleAtom == 0 && kXOff % kSwizzleAtom == 0,
-                "TMA destinations: the 128B-swizzled X tile needs 1024-B alignment");
+  static_assert(kStageOff % kSwizzleAtom == 0 && kStageBytes % kSwizzleAtom == 0 && kXOff % kSwizzleAtom == 0 &&
+                    kXHalfBytes % kSwizzleAtom == 0,
+                "TMA destinations: the 128B-swizzled X boxes need 1024-B alignment");
   static_assert(kWsfOff % 16 == 0 && kXsfOff % 16 == 0, "bulk-copy destinations 16-B aligned");
   // > half of the SM's shared memory: one CTA per SM, whose register file the
   // setmaxnreg split above divides.
@@ -127,7 +162,7 @@ struct Params {
   int32_t token_blocks;  // ceil(M / NT)
   int32_t split;         // S
   int32_t units;         // heads · token_blocks · split
-  const uint8_t* xsf;    // F8_128x4 [ceil(M/128)·128, K/32]
+  const uint8_t* xsf;    // F8_128x4 [ceil(M/128)·128, K/32] (e4m3 activations; null for x_bf16)
   const uint8_t* wsf;    // F8_128x4 [N, K/32]
   uint32_t* counters;    // workspace: [heads · token_blocks] arrival counters, zero between launches
   float* partials;       // workspace: [units][NT][128] f32 partial slots
@@ -145,12 +180,13 @@ __host__ __device__ inline splitk::Unit unit_of(const Params& p, int u) {
 
 // Host entry points of decode_sm90.cu.
 cudaError_t prepare_decode();  // cudaFuncSetAttribute (max dynamic smem) of every instance
-// nt = 16, 32, 64 or 128 (the plan's token block); tmap_w: wq [N, K] box
-// 128 x 128 without swizzle, tmap_x: xq [M, K] box 128 x nt with the 128-B swizzle.
-// Test-only timeline: while set, every decode launch writes kTraceEvents
-// stamps per CTA for CTAs 0..ctas-1 into buffer[cta * kTraceEvents + event].
+// Test-only timeline: while set, every launch writes kTraceEvents stamps per
+// CTA for CTAs 0..ctas-1 into buffer[cta * kTraceEvents + event].
 void decode_set_trace(uint64_t* device_buffer, int ctas);
-m3qkv_status launch_decode(int nt, const CUtensorMap& tmap_w, const CUtensorMap& tmap_x, const Params& p, int grid,
-                           bool pdl, cudaStream_t s);
+// nt = 16, 32, 64 or 128 (the plan's token block); xb = kXE4m3 or kXBf16.
+// tmap_w: wq [N, K] box 128 x 128 without swizzle; tmap_x: e4m3 xq [M, K] box
+// 128 x nt, or bf16 x_bf16 [M, 2K bytes] box 128 B x nt, both 128-B swizzled.
+m3qkv_status launch_decode(int nt, int xb, const CUtensorMap& tmap_w, const CUtensorMap& tmap_x, const Params& p,
+                           int grid, bool pdl, cudaStream_t s);
 
 }  // namespace m3qkv::sm90::decode

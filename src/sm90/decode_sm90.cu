@@ -1,34 +1,40 @@
-// SM90 decode kernel (M <= 256): the weights are the wgmma M side, the tokens
-// the N side (swap A/B), K is split across a persistent grid so that every SM
-// streams weights, and the f32 partials meet through a workspace in L2.
+// SM90 swap-AB kernel, the one SM90 mainloop for every M: the weights are the
+// wgmma M side (one 128-row head per unit), the tokens the N side (a token
+// block of 16..128), K is split across a persistent grid where the (head,
+// token block) pairs do not fill the SMs, and the f32 partials meet through a
+// workspace in L2 (src/common/splitk_reduce.cuh). docs/sm90.md has the design.
 //
 //   warps 0-7  consumers: two warpgroups, rows 0-63 / 64-127 of the head. Per
 //              64-K step each thread dequantizes its 2 weight rows × 16 B
 //              straight into wgmma A-fragment registers (e4m3 · 2^e is exact
-//              in bf16), the 256 threads convert the step's activations into a
-//              bf16 B tile in shared memory, then 4 × wgmma m64nNTk16 (A from
-//              registers). At the end of a unit: partial -> workspace, arrival
-//              count, and in the last arriving unit the fixed-order sum and the
-//              epilogue (epi::quad_row_epilogue, one quad per token row).
+//              in bf16), then 4 × wgmma m64nNTk16 (A from registers, B = the
+//              bf16 activation tile). At the end of a unit: partial ->
+//              workspace, arrival count, and in the last arriving unit the
+//              fixed-order sum and the epilogue.
 //   warp 8     TMA producer (one elected lane): per 128-K stage the head's
-//              weight tile, the token block's activation tile and both scale
-//              chunks, through a ring of kStages stages.
+//              weight tile, the token block's activations (e4m3 + scale chunk,
+//              or bf16) and the weight scale chunk, through a ring of kStages.
+//   warps 9-11 transform: a stage's raw activations -> the bf16 B tile of a
+//              B slot, in the K order of the A fragments (below); e4m3 is
+//              dequantized on the way, bf16 only moved.
 //
 // K permutation. The A fragment of wgmma m64nNk16 gives lane q = l % 4 the
 // logical columns {2q, 2q+1, 2q+8, 2q+9} of each k16 step (ptx/wgmma.cuh). A
 // thread loads the 16 physical bytes [16q, 16q+16) of its row and a 64-K step
 // and feeds byte 16q + 4s + 2h + b to logical column 16s + 8h + 2q + b of k16
-// step s (h, b in {0, 1}). The activation converter writes the bf16 B tile in
-// the same logical order, so the sum over K is unchanged — only its order,
-// which SPEC §3 leaves to the hardware.
+// step s (h, b in {0, 1}). The transform writes the bf16 B tile in the same
+// logical order, so the sum over K is unchanged — only its order, which
+// docs/contract.md §3 leaves to the hardware.
 //
-// Ordering (one named barrier per 128-K stage over the 256 consumers):
-//   stage i: [A regs set i%2, both 64-K steps] [convert X into B buffers of
-//            slot i%3] fence.proxy.async  bar(i)  wgmma group i (8 wgmmas)
-//            commit  wait_group 1 (group i-1 retired)
-//   slot i%3 was last read by group i-3, retired in both warpgroups by their
-//   wait at the end of stage i-2, before bar(i-1); A set i%2 by group i-2,
-//   retired by this thread's wait at the end of stage i-1.
+// Ordering. Raw stage i: full[i] (TMA bytes) -> consumers (W) and transform
+// (X) read it -> empty[i] (352 arrivals) -> the producer refills it. B slot j
+// (stage g uses slot g % kBSlots): the transform waits bempty[j] (the wgmma
+// group of stage g - kBSlots retired in both warpgroups), writes the tile,
+// fence.proxy.async, arrives bfull[j]; the consumers wait bfull[j], issue the
+// stage's 8 wgmmas, and release slot j after the next stage's wait_group 1
+// (or the unit's wait_group 0). The reduction tile T aliases the B ring: the
+// transform starts a unit's stages only after tfree, which consumer thread 0
+// arrives at once the previous unit's finish_unit is done with T.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -44,6 +50,7 @@
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
+#include "ptx/smem.cuh"
 #include "ptx/sm90_extra.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
@@ -115,33 +122,43 @@ __device__ __forceinline__ void load_a_stage(const uint8_t* w_tile, int r, int q
   }
 }
 
-// Converter task (token n, k16 slice s, half h, step c2): physical bytes
-// 16q + 4s + {2h, 2h+1} for q = 0..3 of token n -> logical columns
-// 16s + 8h + 2q + {0, 1}: 16-B unit 2s + h of the token's bf16 row in the
-// step's B buffer (rows of 128 B, 16-B units XOR-swizzled by n % 8: the
+// Transform task (token n, k16 slice s, half h, step c2) of e4m3 activations:
+// physical bytes 16q + 4s + {2h, 2h+1} for q = 0..3 of token n -> logical
+// columns 16s + 8h + 2q + {0, 1}: 16-B unit 2s + h of the token's bf16 row in
+// the step's B buffer (rows of 128 B, 16-B units XOR-swizzled by n % 8: the
 // K-major 128B-swizzle layout of the wgmma descriptor). The raw X tile is
 // TMA-written with the same swizzle (16-B unit u of row n at u ^ (n % 8)), so
 // the 8 tokens a quarter warp converts hit 8 different bank groups in both.
 // `sx` = the token's 4 scale bytes of the stage (MX block 2·c2 for q < 2,
 // 2·c2 + 1 for q >= 2).
 template <bool kBig>
-__device__ __forceinline__ void convert_x_task(const uint8_t* x_tile, uint8_t* b_buf, int n, int s, int h, int c2,
+__device__ __forceinline__ void convert_x_task(uint32_t x_tile, uint32_t b_buf, int n, int s, int h, int c2,
                                                uint32_t sx) {
   const Pow2Bf16 f0 = make_pow2_bf16((sx >> (16 * c2)) & 0xffu);
   const Pow2Bf16 f1 = make_pow2_bf16((sx >> (16 * c2 + 8)) & 0xffu);
-  const uint8_t* row = x_tile + n * kBK;
+  const uint32_t row = x_tile + n * kBK;
+  uint32_t w[4];
+#pragma unroll
+  for (int q = 0; q < 4; ++q) w[q] = ptx::ld_shared_b32(row + (((4 * c2 + q) ^ (n & 7)) << 4) + 4 * s);
+  const uint32_t dst = b_buf + n * 128 + (((2 * s + h) ^ (n & 7)) << 4);
+  if (h == 0)
+    ptx::st_shared_v4_b32(dst, dequant_e4m3_lo_pair<kBig>(w[0], f0), dequant_e4m3_lo_pair<kBig>(w[1], f0),
+                          dequant_e4m3_lo_pair<kBig>(w[2], f1), dequant_e4m3_lo_pair<kBig>(w[3], f1));
+  else
+    ptx::st_shared_v4_b32(dst, dequant_e4m3_hi_pair<kBig>(w[0], f0), dequant_e4m3_hi_pair<kBig>(w[1], f0),
+                          dequant_e4m3_hi_pair<kBig>(w[2], f1), dequant_e4m3_hi_pair<kBig>(w[3], f1));
+}
+
+// The same task on bf16 activations (no arithmetic): physical elements
+// 16q + 4s + 2h + {0, 1} are the u32 at byte 32q + 8s + 4h of the token's
+// 128-B row of box c2 (TMA-written 128B-swizzled: 16-B unit 2q + s/2).
+__device__ __forceinline__ void permute_x_task(uint32_t x_half, uint32_t b_buf, int n, int s, int h) {
+  const uint32_t row = x_half + n * 128;
   uint32_t w[4];
 #pragma unroll
   for (int q = 0; q < 4; ++q)
-    w[q] = *reinterpret_cast<const uint32_t*>(row + (((4 * c2 + q) ^ (n & 7)) << 4) + 4 * s);
-  uint4 o;
-  if (h == 0)
-    o = make_uint4(dequant_e4m3_lo_pair<kBig>(w[0], f0), dequant_e4m3_lo_pair<kBig>(w[1], f0),
-                   dequant_e4m3_lo_pair<kBig>(w[2], f1), dequant_e4m3_lo_pair<kBig>(w[3], f1));
-  else
-    o = make_uint4(dequant_e4m3_hi_pair<kBig>(w[0], f0), dequant_e4m3_hi_pair<kBig>(w[1], f0),
-                   dequant_e4m3_hi_pair<kBig>(w[2], f1), dequant_e4m3_hi_pair<kBig>(w[3], f1));
-  *reinterpret_cast<uint4*>(b_buf + n * 128 + (((2 * s + h) ^ (n & 7)) << 4)) = o;
+    w[q] = ptx::ld_shared_b32(row + (((2 * q + (s >> 1)) ^ (n & 7)) << 4) + 8 * (s & 1) + 4 * h);
+  ptx::st_shared_v4_b32(b_buf + n * 128 + (((2 * s + h) ^ (n & 7)) << 4), w[0], w[1], w[2], w[3]);
 }
 
 // Test-only timeline (decode_set_trace).
@@ -153,35 +170,107 @@ __device__ __forceinline__ void trace_event(const Params& p, int ev) {
   if (p.trace != nullptr) trace_value(p, ev, ptx::globaltimer());
 }
 
+// The barriers of the kernel (shared-memory addresses; Config's offsets).
+struct Bars {
+  uint32_t full0, empty0, bfull0, bempty0, tfree;
+};
+
 // -------------------------------------------------------------------- roles
 
-template <int NT>
+template <int NT, int XB>
 __device__ __forceinline__ void producer(const Params& p, const CUtensorMap* tmap_w, const CUtensorMap* tmap_x,
-                                         uint32_t stage0, uint32_t full0, uint32_t empty0) {
-  using C = Config<NT>;
+                                         uint32_t stage0, const Bars& b) {
+  using C = Config<NT, XB>;
   trace_event(p, kTrSetup);
   ptx::prefetch_tensormap(tmap_w);
   ptx::prefetch_tensormap(tmap_x);
   // (An L2 prefetch of the unit's weight tiles here, ahead of the wait, put
   // the whole unit's stream in front of the first stage's load on the copy
-  // engine: first stage 6.2 µs after entry on a cold L2; H200 timeline, run 3.)
+  // engine: CHANGELOG.md.)
   griddepcontrol_wait();
   trace_event(p, kTrPdlDone);
   Ring<C::kStages> ring;
   for (int u = blockIdx.x; u < p.units; u += gridDim.x) {
     const splitk::Unit w = unit_of(p, u);
     const uint8_t* wsf = p.wsf + static_cast<int64_t>(w.head) * p.k_stages * kSfChunk;
-    const uint8_t* xsf = p.xsf + static_cast<int64_t>((w.tb * NT) / 128) * p.k_stages * kSfChunk;
+    const uint8_t* xsf = XB == kXE4m3 ? p.xsf + static_cast<int64_t>((w.tb * NT) / 128) * p.k_stages * kSfChunk : nullptr;
     for (int kb = w.k0; kb < w.k1; ++kb) {
       const uint32_t st = stage0 + ring.idx * C::kStageBytes;
-      const uint32_t full = full0 + 8 * ring.idx;
-      ptx::mbarrier_wait(empty0 + 8 * ring.idx, ring.phase ^ 1u);
+      const uint32_t full = b.full0 + 8 * ring.idx;
+      ptx::mbarrier_wait(b.empty0 + 8 * ring.idx, ring.phase ^ 1u);
       ptx::mbarrier_arrive_expect_tx(full, C::kTxBytes);
       ptx::cp_async_bulk_tensor_2d(st + C::kWOff, tmap_w, kb * kBK, w.head * kHeadRows, full);
-      ptx::cp_async_bulk_tensor_2d(st + C::kXOff, tmap_x, kb * kBK, w.tb * NT, full);
+      if constexpr (XB == kXE4m3) {
+        ptx::cp_async_bulk_tensor_2d(st + C::kXOff, tmap_x, kb * kBK, w.tb * NT, full);
+        ptx::cp_async_bulk_shared_global(st + C::kXsfOff, xsf + static_cast<int64_t>(kb) * kSfChunk, kSfChunk, full);
+      } else {
+#pragma unroll
+        for (int c2 = 0; c2 < kStepsPerStage; ++c2)  // box coordinates in bytes: 128 B = 64 bf16 per box
+          ptx::cp_async_bulk_tensor_2d(st + C::kXOff + c2 * C::kXHalfBytes, tmap_x, kb * 2 * kBK + c2 * 128,
+                                       w.tb * NT, full);
+      }
       ptx::cp_async_bulk_shared_global(st + C::kWsfOff, wsf + static_cast<int64_t>(kb) * kSfChunk, kSfChunk, full);
-      ptx::cp_async_bulk_shared_global(st + C::kXsfOff, xsf + static_cast<int64_t>(kb) * kSfChunk, kSfChunk, full);
       ring.advance();
+    }
+  }
+}
+
+// Warps 9-11: every stage's activations into the B slot of that stage.
+template <int NT, int XB>
+__device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
+  using C = Config<NT, XB>;
+  // Barrier addresses as constant offsets of the one base register (the 32-register budget).
+  const Bars b{smem_s + C::kBarOff + C::kFullOff, smem_s + C::kBarOff + C::kEmptyOff,
+               smem_s + C::kBarOff + C::kBFullOff, smem_s + C::kBarOff + C::kBEmptyOff,
+               smem_s + C::kBarOff + C::kTFreeOff};
+  const int tt = static_cast<int>(threadIdx.x) - kTransformWarp0 * 32;  // 0 .. kTransformThreads-1
+  constexpr int kTasks = NT * kMmasPerStep * 2 * kStepsPerStage;      // (token, slice, half, step)
+  // Trip counts are warp-uniform: kTasks and kTransformThreads are multiples of 32.
+  static_assert(kTasks % 32 == 0 && kTransformThreads % 32 == 0, "warp-uniform task loop");
+  Ring<C::kStages> ring;
+  Ring<C::kBSlots> bring;  // B slot of the stage and the parity of its use
+  uint32_t tfree_parity = 0;
+  for (int u = blockIdx.x; u < p.units; u += gridDim.x) {
+    // Only the unit's token block and stage range (unsigned: the 32-register budget).
+    const uint32_t uu = static_cast<uint32_t>(u) / static_cast<uint32_t>(p.split);
+    const uint32_t split_s = static_cast<uint32_t>(u) - uu * static_cast<uint32_t>(p.split);
+    const int tb = static_cast<int>(uu % static_cast<uint32_t>(p.token_blocks));
+    const int k0 = splitk::k0(p.k_stages, static_cast<int>(split_s), p.split);
+    const int k1 = splitk::k0(p.k_stages, static_cast<int>(split_s) + 1, p.split);
+    // T (the previous unit's reduction tile) aliases the B ring.
+    if (u != static_cast<int>(blockIdx.x)) {
+      ptx::mbarrier_wait(b.tfree, tfree_parity);
+      tfree_parity ^= 1u;
+    }
+    for (int kb = k0; kb < k1; ++kb) {
+      const uint32_t st = smem_s + C::kStageOff + ring.idx * C::kStageBytes;
+      const uint32_t slot = bring.idx;
+      ptx::mbarrier_wait(b.full0 + 8 * ring.idx, ring.phase);
+      ptx::mbarrier_wait(b.bempty0 + 8 * slot, bring.phase ^ 1u);
+      const uint32_t bslot = smem_s + C::kRingOff + slot * C::kBSlotBytes;
+#pragma unroll 1
+      for (int k = tt; k < kTasks; k += kTransformThreads) {
+        const int n = k % NT, r = k / NT;  // consecutive lanes: consecutive tokens (bank groups)
+        const int s = r % kMmasPerStep, h = (r / kMmasPerStep) % 2, c2 = r / (2 * kMmasPerStep);
+        if constexpr (XB == kXE4m3) {
+          const uint32_t sx = ptx::ld_shared_b32(st + C::kXsfOff + sf_word_offset((tb * NT) % 128 + n));
+          // Scales above 2^7 need a second multiply: a warp-uniform choice
+          // (MXFP8 scales sit near 2^-8).
+          if (__any_sync(0xffffffffu, any_big_scale(sx)))
+            convert_x_task<true>(st + C::kXOff, bslot + c2 * C::kBBufBytes, n, s, h, c2, sx);
+          else
+            convert_x_task<false>(st + C::kXOff, bslot + c2 * C::kBBufBytes, n, s, h, c2, sx);
+        } else {
+          permute_x_task(st + C::kXOff + c2 * C::kXHalfBytes, bslot + c2 * C::kBBufBytes, n, s, h);
+        }
+      }
+      // Generic-proxy stores read next by wgmma (async proxy): fence in every
+      // writing thread before its release.
+      ptx::fence_proxy_async_shared_cta();
+      ptx::mbarrier_arrive(b.empty0 + 8 * ring.idx);
+      ptx::mbarrier_arrive(b.bfull0 + 8 * slot);
+      ring.advance();
+      bring.advance();
     }
   }
 }
@@ -209,51 +298,29 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
   });
 }
 
-// One stage of the consumers (both 64-K steps): A set `a` and the stage's B
-// buffers converted, the stage released, one barrier, 8 wgmmas; then the
-// wait that retires the previous stage's group and the fence that keeps the
-// previous A set `a_prev` alive until then.
-template <int NT>
-__device__ __forceinline__ void consume_stage(const Params& p, const uint8_t* st, uint8_t* smem, uint32_t smem_s,
-                                              uint32_t empty, uint32_t bslot, int r, int q, int n, int tb, bool first,
-                                              float (&acc)[NT / 2], uint32_t (&a)[kStepsPerStage][kMmasPerStep][4],
+// One stage of the consumers (both 64-K steps): A set `a` dequantized from the
+// stage's weights, the raw stage released, the B slot awaited, 8 wgmmas; then
+// the wait that retires the previous stage's group, the release of that
+// group's B slot and the fence that keeps the previous A set alive until then.
+template <int NT, int XB>
+__device__ __forceinline__ void consume_stage(const uint8_t* st, uint32_t smem_s, uint32_t empty, uint32_t bfull,
+                                              uint32_t bfull_parity, uint32_t slot, int& pending, uint32_t bempty0,
+                                              int r, int q, bool first, float (&acc)[NT / 2],
+                                              uint32_t (&a)[kStepsPerStage][kMmasPerStep][4],
                                               uint32_t (&a_prev)[kStepsPerStage][kMmasPerStep][4]) {
-  using C = Config<NT>;
-  const int t = threadIdx.x;
-  // Converter tasks: this thread's token is n = t % NT for all of them (NT
-  // divides 256); (s, h, c2) = bits of t / NT + i · 256 / NT.
-  constexpr int kTasksPerThread = NT * kMmasPerStep * 2 * kStepsPerStage / kConsumerThreads;
-  static_assert(kTasksPerThread >= 1 && kConsumerThreads % NT == 0, "converter tasks cover the stage evenly");
+  using C = Config<NT, XB>;
   const uint32_t sw_r = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r));
   const uint32_t sw_r8 = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r + 8));
-  const uint32_t sx = *reinterpret_cast<const uint32_t*>(st + C::kXsfOff + sf_word_offset((tb * NT) % 128 + n));
-  uint8_t* bbuf = smem + C::kRingOff + bslot * (kStepsPerStage * C::kBBufBytes);
-  auto convert = [&](auto big) {
-    constexpr bool kBig = decltype(big)::value;
-    load_a_stage<kBig>(st + C::kWOff, r, q, sw_r, sw_r8, a);
-#pragma unroll
-    for (int i = 0; i < kTasksPerThread; ++i) {
-      const int k = t / NT + i * (kConsumerThreads / NT);  // 0 .. 15
-      const int s = k % kMmasPerStep, h = (k / kMmasPerStep) % 2, c2 = k / (2 * kMmasPerStep);
-      convert_x_task<kBig>(st + C::kXOff, bbuf + c2 * C::kBBufBytes, n, s, h, c2, sx);
-    }
-  };
   // Scales above 2^7 need a second multiply: a warp-uniform choice, so the
   // common case issues one multiply per pair (MXFP8 scales sit near 2^-8).
-  if (__any_sync(0xffffffffu, any_big_scale(sw_r) || any_big_scale(sw_r8) || any_big_scale(sx)))
-    convert(std::true_type{});
+  if (__any_sync(0xffffffffu, any_big_scale(sw_r) || any_big_scale(sw_r8)))
+    load_a_stage<true>(st + C::kWOff, r, q, sw_r, sw_r8, a);
   else
-    convert(std::false_type{});
-  // Every read of the stage's shared memory is done: release it to the
-  // producer. Every thread arrives for its own reads (one arrival per warp
-  // after __syncwarp is ordered too, but compute-sanitizer racecheck does not
-  // model __syncwarp: 60k WAR reports against the scale chunks' bulk copies).
+    load_a_stage<false>(st + C::kWOff, r, q, sw_r, sw_r8, a);
+  // Every read of the raw stage by this thread is done.
   ptx::mbarrier_arrive(empty);
-  // Generic-proxy stores read next by wgmma (async proxy): fence in every
-  // writing thread before the barrier (HOPPER.md "Ordering").
-  ptx::fence_proxy_async_shared_cta();
-  ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-  const uint64_t db = wgmma::make_desc_kmajor_sw128(smem_s + C::kRingOff + bslot * (kStepsPerStage * C::kBBufBytes));
+  ptx::mbarrier_wait(bfull, bfull_parity);
+  const uint64_t db = wgmma::make_desc_kmajor_sw128(smem_s + C::kRingOff + slot * C::kBSlotBytes);
   // No register fence on acc inside the unit: its only writers are the wgmmas,
   // so a fence here would "define" registers of a group in flight and
   // serialize it (ptxas C7515).
@@ -266,23 +333,26 @@ __device__ __forceinline__ void consume_stage(const Params& p, const uint8_t* st
                  (first && c2 == 0 && s == 0) ? 0u : 1u);
   wgmma::commit_group_sync_aligned();
   wgmma::wait_group_sync_aligned<1>();
-  // The previous stage's group is retired: its A set may be rewritten.
+  // The previous stage's group is retired: its B slot goes back to the
+  // transform, its A set may be rewritten.
+  if (pending >= 0) ptx::mbarrier_arrive(bempty0 + 8 * static_cast<uint32_t>(pending));
+  pending = static_cast<int>(slot);
   fence_regs(a_prev);
 }
 
-template <int NT>
-__device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_t smem_s, uint32_t full0, uint32_t empty0,
+template <int NT, int XB>
+__device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_t smem_s, const Bars& b,
                                          volatile uint32_t* flag) {
-  using C = Config<NT>;
+  using C = Config<NT, XB>;
   const int t = threadIdx.x;
   const int wg = t / kWarpgroup, warp = (t % kWarpgroup) / 32, l = t % 32, q = l % 4;
   const int r = 64 * wg + 16 * warp + l / 4;  // weight rows r and r + 8 of the head
-  const int n = t % NT;                       // this thread's converter token
   float* T = reinterpret_cast<float*>(smem + C::kRingOff);
   griddepcontrol_wait();  // the epilogue reads inputs and the workspace of this launch
 
   Ring<C::kStages> ring;
-  uint32_t gstage = 0;  // stages walked by this CTA: B slot gstage % kBStageSlots
+  uint32_t g = 0;    // stages walked by this CTA: B slot g % kBSlots
+  int pending = -1;  // B slot of the previous stage, released after its group retires
   // The two A sets alternate by stage (compile-time names: the stage loop is
   // unrolled by two). A set stays live until the wait that retires its group.
   uint32_t a0[kStepsPerStage][kMmasPerStep][4], a1[kStepsPerStage][kMmasPerStep][4];
@@ -291,12 +361,14 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
     const splitk::Unit w = unit_of(p, u);
     float acc[C::kAccRegs];  // the unit's first wgmma ignores D (scale_d = 0)
     auto stage = [&](int kb, auto& a, auto& a_prev) {
-      ptx::mbarrier_wait(full0 + 8 * ring.idx, ring.phase);
+      ptx::mbarrier_wait(b.full0 + 8 * ring.idx, ring.phase);
       if (t == 0 && units == 0 && kb == w.k0) trace_event(p, kTrFirstFull);
-      consume_stage<NT>(p, smem + C::kStageOff + ring.idx * C::kStageBytes, smem, smem_s, empty0 + 8 * ring.idx,
-                        gstage % kBStageSlots, r, q, n, w.tb, kb == w.k0, acc, a, a_prev);
+      const uint32_t slot = g % C::kBSlots;
+      consume_stage<NT, XB>(smem + C::kStageOff + ring.idx * C::kStageBytes, smem_s, b.empty0 + 8 * ring.idx,
+                            b.bfull0 + 8 * slot, (g / C::kBSlots) & 1u, slot, pending, b.bempty0, r, q, kb == w.k0,
+                            acc, a, a_prev);
       ring.advance();
-      ++gstage;
+      ++g;
     };
     // Every unit starts with set a0: the previous unit's wait_group 0 retired both.
     for (int kb = w.k0; kb < w.k1; kb += 2) {
@@ -307,11 +379,17 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
     fence_regs(acc);
     fence_regs(a0);
     fence_regs(a1);
+    // The last B slot's group retired; the transform reuses it only after tfree.
+    ptx::mbarrier_arrive(b.bempty0 + 8 * static_cast<uint32_t>(pending));
+    pending = -1;
     if (t == 0) trace_event(p, kTrMainDone);
     // Both warpgroups' wgmmas have read the B ring before T overwrites it.
     ptx::bar_sync(kBarrierNamed, kConsumerThreads);
     lasts += finish_unit<NT>(p, w, u, acc, T, flag) ? 1 : 0;
-    if (t == 0) trace_event(p, kTrEpiDone);
+    if (t == 0) {
+      ptx::mbarrier_arrive(b.tfree);  // finish_unit ended with a barrier: T is free
+      trace_event(p, kTrEpiDone);
+    }
     ++units;
   }
   if (t == 0) {
@@ -322,48 +400,56 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
 
 }  // namespace
 
-template <int NT>
+template <int NT, int XB>
 __global__ void __launch_bounds__(kThreads, 1)
     m3qkv_sm90_decode_kernel(const __grid_constant__ CUtensorMap tmap_w, const __grid_constant__ CUtensorMap tmap_x,
                              const __grid_constant__ Params p) {
 #if defined(__CUDA_ARCH__) && M3QKV_HAS_WGMMA
-  using C = Config<NT>;
+  using C = Config<NT, XB>;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = ptx::smem_u32(smem_raw);
   const uint32_t base = (raw + kSwizzleAtom - 1) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
   uint8_t* smem = smem_raw + (base - raw);
-  const uint32_t full0 = base + C::kBarOff;
-  const uint32_t empty0 = full0 + 8 * C::kMaxStages;
-  volatile uint32_t* flag = reinterpret_cast<volatile uint32_t*>(smem + C::kBarOff + 16 * C::kMaxStages);
+  const uint32_t bar = base + C::kBarOff;
+  const Bars b{bar + C::kFullOff, bar + C::kEmptyOff, bar + C::kBFullOff, bar + C::kBEmptyOff, bar + C::kTFreeOff};
+  volatile uint32_t* flag = reinterpret_cast<volatile uint32_t*>(smem + C::kBarOff + C::kFlagOff);
   if (threadIdx.x == 0) {
     trace_event(p, kTrEntry);
     for (int s = 0; s < C::kStages; ++s) {
-      ptx::mbarrier_init(full0 + 8 * s, 1);
-      ptx::mbarrier_init(empty0 + 8 * s, kConsumerThreads);
+      ptx::mbarrier_init(b.full0 + 8 * s, 1);
+      ptx::mbarrier_init(b.empty0 + 8 * s, C::kEmptyArrivals);
     }
+    for (int s = 0; s < C::kBSlots; ++s) {
+      ptx::mbarrier_init(b.bfull0 + 8 * s, C::kBFullArrivals);
+      ptx::mbarrier_init(b.bempty0 + 8 * s, C::kBEmptyArrivals);
+    }
+    ptx::mbarrier_init(b.tfree, 1);
     ptx::fence_mbarrier_init_release_cluster();  // visible to the async proxy (TMA complete_tx)
   }
   __syncthreads();
   if (threadIdx.x >= kConsumerThreads) {
-    ptx::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x / 32 == kProducerWarp) {
-      if (ptx::elect_sync()) producer<NT>(p, &tmap_w, &tmap_x, base + C::kStageOff, full0, empty0);
+    ptx::setmaxnreg_dec<C::kWg2Regs>();
+    const int warp = threadIdx.x / 32;
+    if (warp == kProducerWarp) {
+      if (ptx::elect_sync()) producer<NT, XB>(p, &tmap_w, &tmap_x, base + C::kStageOff, b);
       __syncwarp();
+    } else {
+      transform<NT, XB>(p, base);
     }
     griddepcontrol_launch_dependents();
   } else {
-    ptx::setmaxnreg_inc<kConsumerRegs>();
-    consumer<NT>(p, smem, base, full0, empty0, flag);
+    ptx::setmaxnreg_inc<C::kConsumerRegs>();
+    consumer<NT, XB>(p, smem, base, b, flag);
   }
 #endif
 }
 
 // ----------------------------------------------------------------- host side
 
-template <int NT>
+template <int NT, int XB>
 cudaError_t decode_set_smem() {
-  return cudaFuncSetAttribute(m3qkv_sm90_decode_kernel<NT>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              Config<NT>::kSmemBytes);
+  return cudaFuncSetAttribute(m3qkv_sm90_decode_kernel<NT, XB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              Config<NT, XB>::kSmemBytes);
 }
 
 namespace {
@@ -376,38 +462,51 @@ void decode_set_trace(uint64_t* device_buffer, int ctas) {
   g_trace_ctas = g_trace != nullptr ? ctas : 0;
 }
 
-cudaError_t prepare_decode() {
-  cudaError_t e = decode_set_smem<16>();
-  if (e == cudaSuccess) e = decode_set_smem<32>();
-  if (e == cudaSuccess) e = decode_set_smem<64>();
-  if (e == cudaSuccess) e = decode_set_smem<128>();
+template <int XB>
+cudaError_t prepare_format() {
+  cudaError_t e = decode_set_smem<16, XB>();
+  if (e == cudaSuccess) e = decode_set_smem<32, XB>();
+  if (e == cudaSuccess) e = decode_set_smem<64, XB>();
+  if (e == cudaSuccess) e = decode_set_smem<128, XB>();
   return e;
 }
 
-template <int NT>
+cudaError_t prepare_decode() {
+  cudaError_t e = prepare_format<kXE4m3>();
+  return e == cudaSuccess ? prepare_format<kXBf16>() : e;
+}
+
+template <int NT, int XB>
 m3qkv_status launch_decode_nt(const CUtensorMap& tw, const CUtensorMap& tx, const Params& p, int grid, bool pdl,
                               cudaStream_t s) {
   host::LaunchShape shape;
   shape.grid = static_cast<unsigned>(grid);
   shape.threads = kThreads;
-  shape.smem = Config<NT>::kSmemBytes;
+  shape.smem = Config<NT, XB>::kSmemBytes;
   shape.pdl = pdl;
   Params pt = p;
   pt.trace = g_trace;
   pt.trace_ctas = g_trace_ctas;
-  return host::launch("m3qkv_fused_qkv", "m3qkv_sm90_decode_kernel", m3qkv_sm90_decode_kernel<NT>, shape, s, tw, tx,
-                      pt);
+  return host::launch("m3qkv_fused_qkv", "m3qkv_sm90_decode_kernel", m3qkv_sm90_decode_kernel<NT, XB>, shape, s, tw,
+                      tx, pt);
 }
 
-m3qkv_status launch_decode(int nt, const CUtensorMap& tw, const CUtensorMap& tx, const Params& p, int grid, bool pdl,
+template <int XB>
+m3qkv_status launch_format(int nt, const CUtensorMap& tw, const CUtensorMap& tx, const Params& p, int grid, bool pdl,
                            cudaStream_t s) {
   switch (nt) {
-    case 16: return launch_decode_nt<16>(tw, tx, p, grid, pdl, s);
-    case 32: return launch_decode_nt<32>(tw, tx, p, grid, pdl, s);
-    case 64: return launch_decode_nt<64>(tw, tx, p, grid, pdl, s);
-    case 128: return launch_decode_nt<128>(tw, tx, p, grid, pdl, s);
-    default: return fail(M3QKV_ERROR_INTERNAL, "m3qkv_fused_qkv: no decode kernel for token block %d", nt);
+    case 16: return launch_decode_nt<16, XB>(tw, tx, p, grid, pdl, s);
+    case 32: return launch_decode_nt<32, XB>(tw, tx, p, grid, pdl, s);
+    case 64: return launch_decode_nt<64, XB>(tw, tx, p, grid, pdl, s);
+    case 128: return launch_decode_nt<128, XB>(tw, tx, p, grid, pdl, s);
+    default: return fail(M3QKV_ERROR_INTERNAL, "m3qkv_fused_qkv: no SM90 kernel for token block %d", nt);
   }
+}
+
+m3qkv_status launch_decode(int nt, int xb, const CUtensorMap& tw, const CUtensorMap& tx, const Params& p, int grid,
+                           bool pdl, cudaStream_t s) {
+  if (xb == kXBf16) return launch_format<kXBf16>(nt, tw, tx, p, grid, pdl, s);
+  return launch_format<kXE4m3>(nt, tw, tx, p, grid, pdl, s);
 }
 
 }  // namespace m3qkv::sm90::decode

@@ -21,6 +21,9 @@ namespace m3qkv {
 namespace {
 
 constexpr const char* kFn = "m3qkv_fused_qkv";
+
+// The bf16 activations of a call (x_bf16), or null for MXFP8 activations (xq, xsf).
+const void* activations_bf16(const m3qkv_fused_args& a) { return nullptr; }
 static_assert(sm90::kPlanBK == sm90::kBK && sm90::kPlanMaxSplit == kSm90MaxSplit, "plan_sm90.h numbers");
 
 // Grouped rasterization: heads per band (kernel_sm90.cuh tile_of). 8 heads of
@@ -93,13 +96,20 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
                 static_cast<long long>(a.m), heads, static_cast<long long>(a.k));
   host::timing_mark(host::Phase::kPlan);
 
+  const void* x_bf16 = activations_bf16(a);
+  const int xb = x_bf16 != nullptr ? sm90::decode::kXBf16 : sm90::decode::kXE4m3;
   CUtensorMap tmap_w, tmap_x;
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
                                         static_cast<uint64_t>(heads) * kHeadDim, static_cast<uint64_t>(a.k),
                                         sm90::decode::kBK, sm90::decode::kHeadRows, CU_TENSOR_MAP_SWIZZLE_NONE));
-  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k),
-                                        static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k), sm90::decode::kBK,
-                                        static_cast<uint32_t>(plan.nt), CU_TENSOR_MAP_SWIZZLE_128B));
+  if (xb == sm90::decode::kXBf16)  // bf16 rows of 2K bytes, boxes of 64 elements (one 128-B swizzle row)
+    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "x_bf16", x_bf16, static_cast<uint64_t>(a.k) * 2,
+                                          static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k) * 2, 128,
+                                          static_cast<uint32_t>(plan.nt), CU_TENSOR_MAP_SWIZZLE_128B));
+  else
+    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "xq", a.xq, static_cast<uint64_t>(a.k),
+                                          static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k), sm90::decode::kBK,
+                                          static_cast<uint32_t>(plan.nt), CU_TENSOR_MAP_SWIZZLE_128B));
   host::timing_mark(host::Phase::kTensorMaps);
 
   sm90::decode::Params p;
@@ -118,7 +128,7 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   p.acc_tap = acc_tap;
   p.n = static_cast<int64_t>(heads) * kHeadDim;
   p.epi = epi::make_epilogue_params(a);
-  const m3qkv_status st = sm90::decode::launch_decode(plan.nt, tmap_w, tmap_x, p, plan.grid, a.use_pdl != 0, s);
+  const m3qkv_status st = sm90::decode::launch_decode(plan.nt, xb, tmap_w, tmap_x, p, plan.grid, a.use_pdl != 0, s);
   host::timing_mark(host::Phase::kLaunch);
   return st;
 }

@@ -51,7 +51,7 @@ int makespan(const Plan& p, int ks) {
 
 TEST(DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
   for (const Layout& l : kLayouts)
-    for (int64_t m : {1, 2, 7, 16, 17, 33, 64, 65, 128, 129, 200, 256})
+    for (int64_t m : {1, 2, 7, 16, 17, 33, 64, 65, 128, 129, 200, 256, 300, 1024, 4097})
       for (int ks : {1, 2, 4, 16, 48}) {
         SCOPED_TRACE(std::string(l.name) + " M " + std::to_string(m) + " ks " + std::to_string(ks));
         const Plan p = plan_decode(m, l.heads, ks, 132);
@@ -81,6 +81,7 @@ TEST(DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
         EXPECT_EQ(p.counter_bytes % 256, 0);
         EXPECT_GE(p.counter_bytes, int64_t(l.heads) * p.token_blocks * 4);
         EXPECT_EQ(p.partial_bytes, p.units * p.nt * 128 * 4);
+        if (p.split > 1) EXPECT_LE(p.partial_bytes, m3qkv::sm90::kDecodeMaxPartialBytes);
       }
 }
 
@@ -120,14 +121,15 @@ TEST(DecodePlan, OverridesAndLimits) {
   EXPECT_EQ(one.grid, 1);
   EXPECT_EQ(one.units, 60);
   EXPECT_EQ(makespan(one, 48), 20 * 48);
-  // Token blocks: 16 / 32 / 64 / 128, two blocks of 128 above 128 tokens.
+  // Token blocks: 16 / 32 / 64 / 128, blocks of 128 above 128 tokens.
   EXPECT_EQ(plan_decode(16, 20, 48, 132).nt, 16);
   EXPECT_EQ(plan_decode(17, 20, 48, 132).nt, 32);
   EXPECT_EQ(plan_decode(64, 20, 48, 132).nt, 64);
   EXPECT_EQ(plan_decode(65, 20, 48, 132).nt, 128);
   EXPECT_EQ(plan_decode(129, 20, 48, 132).token_blocks, 2);
-  EXPECT_EQ(plan_decode(kDecodeMaxM, 20, 48, 132).token_blocks, 2);
-  // Outside the decode range: no plan.
+  EXPECT_EQ(plan_decode(4096, 20, 48, 132).token_blocks, 32);
+  EXPECT_EQ(plan_decode(kDecodeMaxM, 20, 48, 132).token_blocks, (kDecodeMaxM + 127) / 128);
+  // Outside the range: no plan.
   EXPECT_EQ(plan_decode(kDecodeMaxM + 1, 20, 48, 132).nt, 0);
   EXPECT_EQ(plan_decode(0, 20, 48, 132).nt, 0);
   EXPECT_EQ(plan_decode(1, 20, 48, 0).nt, 0);
@@ -279,6 +281,31 @@ TEST(Sm100DecodePlan, CoversEveryTokenAndEveryKStageOncePerHead) {
       }
 }
 
+// Large M: the partial workspace stays within its bound (a split that would
+// exceed it is never chosen, and a forced one is lowered until it fits), and
+// where (head, token block) pairs already fill the SMs several times over no
+// split is taken.
+TEST(DecodePlan, LargeMBoundsThePartialsAndDropsTheSplit) {
+  const int64_t cap = m3qkv::sm90::kDecodeMaxPartialBytes;
+  for (const Layout& l : kLayouts)
+    for (int64_t m : {int64_t{512}, int64_t{1024}, int64_t{2048}, int64_t{4096}, int64_t{16384}, int64_t{1} << 20}) {
+      const Plan p = plan_decode(m, l.heads, 48, 132);
+      ASSERT_EQ(p.nt, 128) << l.name << " M " << m;
+      EXPECT_EQ(p.token_blocks, (m + 127) / 128);
+      if (p.split > 1) EXPECT_LE(p.partial_bytes, cap) << l.name << " M " << m;
+      const Plan forced = plan_decode(m, l.heads, 48, 132, 8);
+      EXPECT_GE(forced.split, 1);
+      if (forced.split > 1) EXPECT_LE(forced.units * 128 * 128 * 4, cap) << l.name << " M " << m;
+      if (int64_t(l.heads) * p.token_blocks >= 4 * 132) EXPECT_EQ(p.split, 1) << l.name << " M " << m;
+    }
+  // Worked: TP4 (20 heads) M = 1024: 160 pairs on 132 SMs; split 2 (320 units,
+  // 20 MiB) or 3 (480 units, 30 MiB) fit 32 MiB, 4 (40 MiB) does not.
+  const Plan tp4 = plan_decode(1024, 20, 48, 132);
+  EXPECT_GE(tp4.split, 2);
+  EXPECT_LE(tp4.split, 3);
+  EXPECT_EQ(plan_decode(1024, 20, 48, 132, 8).split, 3);
+}
+
 TEST(Sm100DecodePlan, OverridesAndLimits) {
   // Forced splits bypass the busy rule and are clamped to [1, min(ks, 64)].
   EXPECT_EQ(sm100::plan_decode(1, 20, 48, 148, 2).split, 2);
@@ -348,22 +375,11 @@ TEST(Sm100DecodeLayout, ConfigBudgets) {
 
 }  // namespace
 
-// The routing rule against the crossover it was read from (decode_plan.h,
-// bench/RESULTS.md v6): each measured cell's faster kernel.
-TEST(DecodePlan, RoutingFollowsTheMeasuredCrossover) {
+// The routing rule (decode_plan.h): the swap-AB kernel at every M.
+TEST(DecodePlan, RoutingTakesEveryM) {
   using m3qkv::sm90::decode_preferred;
-  struct Cell { int heads; int64_t m; bool decode; };
-  const Cell cells[] = {
-      {12, 32, true},  {12, 64, false}, {12, 128, false}, {12, 256, false},
-      {20, 32, true},  {20, 64, false}, {20, 128, false}, {20, 256, true},
-      {39, 32, true},  {39, 64, false}, {39, 128, true},  {39, 256, true},
-      {77, 32, true},  {77, 64, false}, {77, 128, true},  {77, 256, false},
-  };
-  for (const Cell& c : cells)
-    EXPECT_EQ(decode_preferred(c.m, c.heads), c.decode) << c.heads << " heads, M " << c.m;
   for (int heads : {12, 20, 39, 77}) {
-    EXPECT_TRUE(decode_preferred(1, heads));
-    EXPECT_TRUE(decode_preferred(16, heads));
+    for (int64_t m : {1, 16, 32, 64, 128, 256, 512, 4096, 16384}) EXPECT_TRUE(decode_preferred(m, heads)) << m;
     EXPECT_FALSE(decode_preferred(0, heads));
     EXPECT_FALSE(decode_preferred(kDecodeMaxM + 1, heads));
   }

@@ -236,16 +236,17 @@ TEST(Sm90DecodeShapes, CountersOfAGrowingPlanOnOneStream_TP1) {
   }
 }
 
-// The public API routes small M on CC 9.0 to the decode kernel (the measured
-// crossover, sm90::decode_preferred) and the rest to the tile kernel: either
-// way the golden model's bytes.
+// The public API routes every M on CC 9.0 to the swap-AB kernel
+// (sm90::decode_preferred): the golden model's bytes at one, two and eleven
+// token blocks of 128 (split and unsplit plans).
 TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
   M3QKV_REQUIRE_SM90_DECODE();
   print_seed_once();
   const int heads = kTP4.nq + 2 * kTP4.nkv + kTP4.niq + kTP4.nik;
-  ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads) && m3qkv::sm90_uses_decode(256, heads));
-  ASSERT_FALSE(m3qkv::sm90_uses_decode(64, heads) || m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1, heads));
-  for (int64_t m : {3, 64, 256}) {
+  ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads) && m3qkv::sm90_uses_decode(256, heads) &&
+              m3qkv::sm90_uses_decode(4096, heads));
+  ASSERT_FALSE(m3qkv::sm90_uses_decode(0, heads) || m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1, heads));
+  for (int64_t m : {3, 64, 256, 1300}) {
     const Problem p = make_problem(config(kTP4, m, 1024, /*exact=*/true, 16));
     const std::vector<float> acc = golden_acc(p);
     DeviceInputs in;
