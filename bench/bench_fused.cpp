@@ -112,7 +112,7 @@ constexpr int kBlock = 128;
 constexpr int64_t kMaxPosition = 8192;
 constexpr int64_t kPeakDim = 8192;  // peak_bf16 / peak_fp8: 8192³
 
-// Head layouts of SPEC §2 (the same as tests/gpu/harness.h), in sweep order:
+// Head layouts of docs/contract.md §2.1 (the same as tests/gpu/harness.h), in sweep order:
 // TP4 first (the reference configuration), so a cut-short run still has it.
 struct Heads {
   int tp, nq, nkv, niq, nik;

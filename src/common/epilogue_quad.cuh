@@ -1,4 +1,4 @@
-// The SPEC §3 epilogue of one (token row, head) held by a QUAD of lanes — the
+// The docs/contract.md §3 epilogue of one (token row, head) held by a QUAD of lanes — the
 // register-resident form every fragment-shaped kernel shares (the SM90 fused
 // kernel's wgmma fragment, the SM90 decode kernel's reduced tile). Device only:
 // the quad meets through warp shuffles.
@@ -8,13 +8,13 @@
 // result equals epi::epilogue_head_row bit for bit:
 //  * RMSNorm: cls(c) = (c >> 1) & 3 = q, so lane q holds exactly class q of its
 //    row and visits it in ascending column order (j, then b): its serial fma
-//    chain IS s_q of SPEC §3.1. The four sums meet through quad shuffles and
+//    chain IS s_q of docs/contract.md §3.1. The four sums meet through quad shuffles and
 //    every lane evaluates rms_inv(s0, s1, s2, s3) in the contract order.
 //  * RoPE: pair (i, i + 32), i < 32, is (j, b) and (j + 4, b) of the same lane.
 //  * NVFP4 group g = columns 16g..16g+15 = j in {2g, 2g+1} of the four quad
 //    lanes: amax by quad max-reduction (max ignoring NaN, from +0, does not
 //    depend on the order), then the same group-scale and encoder primitives.
-//  * FP8 / BF16 caches (SPEC §4b) are element-wise: each lane encodes its own
+//  * FP8 / BF16 caches (docs/contract.md §4.3) are element-wise: each lane encodes its own
 //    columns with the same pack_* primitives.
 //  * Stores: every value goes where common/layouts.h puts it, but not from
 //    the lane that computed it: each output row is stored as 16-byte chunks

@@ -1,4 +1,4 @@
-// The SPEC §3 epilogue of one (token row, head) held by L = 8, 16 or 32
+// The docs/contract.md §3 epilogue of one (token row, head) held by L = 8, 16 or 32
 // lanes (lane_row_epilogue<L>): the forms between the quad form
 // (epilogue_quad.cuh, 4 lanes of 32 values) and one row per warp.
 //  * L = 32, warp rows: the form for few rows (the standalone insert at small
@@ -23,7 +23,7 @@
 //  * RMSNorm: every lane also sees its row in the quad layout of its q (unit
 //    j of class q is lane 4(j % K) + q's unit j / K: a shuffle within the
 //    row; the decode kernels' shared-memory source loads it again instead,
-//    Src::kSumsFromLanes) and runs the serial fma chain s_q of SPEC §3.1
+//    Src::kSumsFromLanes) and runs the serial fma chain s_q of docs/contract.md §3.1
 //    exactly as quad_row_epilogue does; rms_inv of the quad's four sums, the
 //    same in every quad.
 //  * RoPE: pair (i, i + 32), i < 32, is column 8j + 2q + b (j < 4) with

@@ -1,5 +1,5 @@
 // Standalone epilogue (m3qkv_qknorm_rope_kv_insert): RMSNorm + RoPE + q
-// outputs + cache insert (any format of SPEC §4 / §4b) on a bf16 projection,
+// outputs + cache insert (any format of docs/contract.md §4.2 / §4.3) on a bf16 projection,
 // float(bf16) in.
 //
 // One pass, every lane busy, in one of the lane layouts the plan picks
