@@ -162,8 +162,8 @@ M3_HD uint32_t nvfp4_encode2(float v0, float v1, float rc) {
 // and two exact widenings where the device has it: equal to e4m3_to_f32 on
 // every byte but the NaN codes 0x7F / 0xFF (GpuConversions.
 // E4m3x2ToF32x2EqualsSoftwareOnAllPairs); callers pass no NaN code. The
-// software form branches on subnormals, which serialized the NVFP4 group
-// scales of a lane (bench/RESULTS.md v12).
+// software form branches on subnormals, which serializes the NVFP4 group
+// scales of a lane.
 M3_HD float2 e4m3x2_to_f32x2_dev(uint32_t pair) {
 #if M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_F16X2_E4M3X2
   const uint32_t h = cvt_rn_f16x2_e4m3x2(static_cast<uint16_t>(pair));
@@ -184,9 +184,9 @@ M3_HD float2 e4m3x2_to_f32x2_dev(uint32_t pair) {
 // serializes the two groups but keeps fewer values live: the SM100 decode
 // kernel (168 registers) spills 8 B with the branch-free form in its quad
 // epilogue (ptxas, sm_100f), where the insert kernels have room.
-// The software form spent ~50 instructions per group on these steps (the
-// NVFP4 heads' epilogue was the SM90 decode kernel's tail: fused 17.8 µs with
-// NVFP4 caches against 12.6 with FP8 at TP4 M = 1, H200 run 5).
+// The software form costs ~50 instructions per group on these steps, on the
+// critical path of the NVFP4 heads' epilogue (the split-K decode kernels'
+// tail: compare fused_sm90/TP:4/M:1 with fused_sm90_fp8/TP:4/M:1).
 template <bool kDecodeCvt = true>
 M3_HD uint32_t nvfp4_group_scale2_dev(float amax0, float amax1, bool has_sf, float sf, float* rc0, float* rc1) {
 #if M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_SATFINITE_E4M3X2_F32

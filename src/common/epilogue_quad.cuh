@@ -236,13 +236,13 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
 // epilogue loads them again after the wait and uses the guess only where
 // both words match (lane_row_epilogue). What the guess buys: the cos/sin
 // words load in the first round after the wait, at the guessed position,
-// and the slot division and address are off the post-wait path (on the
-// H200 each dependent load round after the wait took ~1,000 cycles at
-// small M, bench/RESULTS.md v14).
+// and the slot division and address are off the post-wait path (each
+// dependent load round after the wait is ~1,000 cycles at small M on the
+// H200).
 // kDest: the destination guessed too (warp rows, kRowGuessDest<L>), else
-// only the position (d / bits stay unset and unread). ptxas sm_90a with it
-// for every L: the 8-lane kernel 64 -> 80 registers (8 -> 6 CTAs per SM), the
-// split kernels 63 -> 64 (still 8; v15, not measured on the GPU).
+// only the position (d / bits stay unset and unread). Guessing it for every
+// L would take the 8-lane kernel to 80 registers (6 CTAs per SM instead of
+// 8; ptxas sm_90a).
 template <int L>
 constexpr bool kRowGuessDest = L == 32;
 struct RowGuess {

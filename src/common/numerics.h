@@ -256,7 +256,7 @@ M3_HD uint8_t f32_to_e2m1_satfinite_rn_soft(float f) {
 
 // The same function without branches, for the device (the NVFP4 heads'
 // epilogue encodes 32 values per lane; every instruction of it is on the
-// critical path of a lone warp, bench/RESULTS.md v12). With a = |f|:
+// critical path of a lone warp). With a = |f|:
 //  * a >= 1 (bits >= 0x3F800000, which includes inf and NaN): the nearest
 //    e2m1 code is the f32 exponent and top mantissa bit rounded to nearest
 //    even in the integer domain ((bits + 0x1FFFFF + bit22) >> 22, minus the

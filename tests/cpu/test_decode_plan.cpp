@@ -348,8 +348,8 @@ TEST(Sm100DecodeLayout, ConfigBudgets) {
 
 }  // namespace
 
-// The routing rule against the crossover it was read from (decode_plan.h,
-// bench/RESULTS.md v6): each measured cell's faster kernel.
+// The routing rule against the crossover it was read from (decode_plan.h:
+// the sm90_decode / sm90_tile bench entries): each measured cell's faster kernel.
 TEST(DecodePlan, RoutingFollowsTheMeasuredCrossover) {
   using m3qkv::sm90::decode_preferred;
   struct Cell { int heads; int64_t m; bool decode; };
