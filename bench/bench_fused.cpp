@@ -27,7 +27,7 @@
 //                        forced (the plan's thresholds)
 // plus copy_d2d (first, after the peaks): cudaMemcpyAsync device to device of
 // 1 GiB, whose bandwidth (bytes read + written) the insert bounds use (4.24 TB/s,
-// the 2026-12-01 H200 figure, when it is filtered out: counter copy_bw_assumed).
+// an H200's, when it is filtered out: counter copy_bw_assumed).
 // The "+insert" lines are what a serving stack without m3qkv would run: a
 // vendor GEMM, then a separate norm/RoPE/cache-insert pass over the bf16
 // projection. Only at TP4 and M ∈ {1, 64, 512, 4096} (they are slow and exist
@@ -112,7 +112,7 @@ constexpr int kBlock = 128;
 constexpr int64_t kMaxPosition = 8192;
 constexpr int64_t kPeakDim = 8192;  // peak_bf16 / peak_fp8: 8192³
 
-// Head layouts of SPEC §2 (the same as tests/gpu/harness.h), in sweep order:
+// Head layouts of docs/contract.md §2.1 (the same as tests/gpu/harness.h), in sweep order:
 // TP4 first (the reference configuration), so a cut-short run still has it.
 struct Heads {
   int tp, nq, nkv, niq, nik;
@@ -146,10 +146,10 @@ double epilogue_bytes(const Heads& h, int64_t m, int fmt = 0) {
   b += md * (2 * h.nkv + h.nik) * kTokenBytes[fmt];  // K, V, index_k cache tokens
   return b;
 }
-// What one insert call must move at least once (bench/RESULTS.md "Insert"):
+// What one insert call must move at least once (bench/README.md):
 // the bf16 qkv [M, N] it reads plus everything the epilogue reads and writes.
 double insert_bytes(const Heads& h, int64_t m, int fmt) { return double(m * h.n()) * 2 + epilogue_bytes(h, m, fmt); }
-// Bytes one fused call must move at least once (bench/RESULTS.md "Floors").
+// Bytes one fused call must move at least once (bench/README.md).
 double fused_bytes(const Heads& h, int64_t m, int fmt = 0) {
   const int64_t n = h.n();
   double b = double(n * kK) + double(m3qkv::f8_128x4_bytes(n, kK / 32));   // wq + wsf
@@ -696,7 +696,7 @@ bool capture_pass(int r, int passes, Call& call, cudaGraphExec_t* exec) {
 
 // Calls per timed iteration, at least: one iteration is U = ceil(64 / R)
 // passes over the R sets (one graph of U·R calls), so the fixed cost of
-// starting a graph (~3.5 µs on the H200, v11: per-call times fell as
+// starting a graph (~3.5 µs on the H200: per-call times go as
 // a + 3.5 µs / R with R = 4 ... 20 at small M) weighs < 0.06 µs on every
 // case, as in serving, where one graph holds a whole decode step.
 constexpr int kMinCallsPerIteration = 64;
@@ -801,7 +801,7 @@ void bench_fused_fmt(benchmark::State& state, m3qkv_backend_kind backend, int fm
 // Device-to-device copy bandwidth of this run (bytes read + written per second);
 // 0 until copy_d2d ran.
 double g_copy_bw = 0.0;
-constexpr double kAssumedCopyBw = 4.24e12;  // H200, 2026-12-01 (notes/hopper-and-baselines.md)
+constexpr double kAssumedCopyBw = 4.24e12;  // an H200's copy_d2d
 constexpr size_t kCopyBytes = size_t(1) << 30;
 
 void bench_copy(benchmark::State& state) {

@@ -1,77 +1,84 @@
 #!/usr/bin/env python3
-"""Markdown tables from the m3qkv benchmark's JSON (issue 4's side-by-side view).
+"""Tables and a plot from the m3qkv benchmark's Google Benchmark JSON.
 
-Usage:
-  build/bench/m3qkv_bench --benchmark_out=run.json --benchmark_out_format=json
-  tools/bench_table.py run.json [more.json ...] [--mem-bw 4.27] [--peak-bf16 T]
+Usage (from anywhere; paths default to the repository's):
+  python3 tools/bench_table.py [--json bench/results/h200.json]   # rewrite the tables and the plot
+  python3 tools/bench_table.py --check                             # exit 1 if the tables are stale
 
-One table per head configuration (TP4, TP2, TP1, TP8): rows M; columns the
-fused kernel (µs, TFLOP/s, GB/s), m3qkv's unfused pair, cuBLAS bf16 and
-cuBLASLt fp8 each alone and each followed by m3qkv's insert, the memory floor
-(bytes / measured copy bandwidth) and the compute floor (2·M·N·K / the
-peak_bf16 TFLOP/s of the same run), then issue 4's three targets, each marked
-✓ (met) or ✗ (not met):
-  fused vs unfused pair   t_unfused / t_fused  ≥ 1.3×
-  fused vs cuBLAS bf16    t_fused / t_cublas   < 1 (the fused op is faster)
-  fused % of bf16 peak    TFLOP/s / peak_bf16  ≥ 75 % (target at M ≥ 4096 only)
-Entries that are missing or failed print "—". A JSON file cut short (a run
-that hit its time limit) is read up to its last complete entry. Old names
-without TP ("fused_sm90/M:512/manual_time", runs v1-v3) count as TP4. With
-several files, later files override earlier entries of the same name.
-The slow TP4-only entries (forced portable, SM90 mainloop variants) get a
-second table per TP when present.
+Reads the JSON that `build/bench/m3qkv_bench --benchmark_out=... --benchmark_out_format=json`
+writes (bash tools/bench_sweep.sh on an H200 writes bench/results/h200.json). Entry names
+are `<op>/TP:<tp>/M:<m>[/...]`, e.g. `fused_sm90_fp8/TP:4/M:256/manual_time`.
 
-Python 3 standard library only.
+Writes:
+  - bench/README.md between `<!-- tables:begin -->` and `<!-- tables:end -->`: per TP, rows M,
+    columns fused_sm90 (NVFP4 caches), fused_sm90_fp8 (FP8 caches), cublas_bf16,
+    cublas_bf16+insert, cublaslt_fp8, cublaslt_fp8+insert, floor_read, the time ratios
+    fused_fp8 / cublas_bf16 and fused_fp8 / (cublas_bf16+insert), then one column per other
+    fused_* / gemm_* entry present (fused_sm90_bf16, fused_sm90_xbf16_fp8, ...); then the
+    standalone insert (insert_<fmt>, µs and × its bound) and the host cost (host_*) when present;
+  - README.md between `<!-- perf:begin -->` and `<!-- perf:end -->`: the TP4 summary;
+  - bench/results/h200.png (matplotlib): time vs M, log-log, one panel per TP.
+Missing entries print "—". A file cut short (a run that stopped mid-way) is read up to its
+last complete entry; entries with an error are skipped. --check compares the marker blocks
+with what the JSON generates and rewrites nothing (no plot, no matplotlib needed).
+
+Exit status: 0 done (or --check: up to date), 1 --check found stale tables (or a marker is
+missing), 2 the JSON file does not exist or holds no benchmark entries.
+
+Python 3 standard library; matplotlib for the plot only.
 """
 import argparse
+import difflib
 import json
+import os
+import re
 import statistics
 import sys
 
-K = 6144
-# (nq, nkv, niq, nik) per TP, as bench/bench_fused.cpp and tests/gpu/harness.h.
-HEADS = {4: (16, 1, 1, 1), 2: (32, 2, 2, 1), 1: (64, 4, 4, 1), 8: (8, 1, 1, 1)}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_JSON = os.path.join("bench", "results", "h200.json")
+DEFAULT_BENCH_README = os.path.join("bench", "README.md")
+DEFAULT_TOP_README = "README.md"
+DEFAULT_PLOT = os.path.join("bench", "results", "h200.png")
+
 TP_ORDER = [4, 2, 1, 8]
-BASELINES = [
-    ("unfused_gemm+insert", "unfused pair µs"),
-    ("cublas_bf16", "cuBLAS bf16 µs"),
-    ("cublas_bf16+insert", "cuBLAS bf16 + insert µs"),
-    ("cublaslt_fp8", "cuBLASLt fp8 µs"),
-    ("cublaslt_fp8+insert", "cuBLASLt fp8 + insert µs"),
-]
-TARGET_UNFUSED = 1.3     # fused at least this much faster than the unfused pair
-TARGET_PEAK = 0.75       # fraction of the bf16 peak ...
-TARGET_PEAK_MIN_M = 4096  # ... at M >= this
+HEADS = {4: (16, 1, 1, 1), 2: (32, 2, 2, 1), 1: (64, 4, 4, 1), 8: (8, 1, 1, 1)}  # nq, nkv, niq, nik
+PERF_MS = [1, 16, 64, 256, 1024, 4096, 16384]  # rows of the README summary
 DASH = "—"
 TIME_SCALE_US = {"ns": 1e-3, "us": 1.0, "ms": 1e3, "s": 1e6}
+MARK_TABLES = ("<!-- tables:begin -->", "<!-- tables:end -->")
+MARK_PERF = ("<!-- perf:begin -->", "<!-- perf:end -->")
+NAME_RE = re.compile(r"^(?P<op>[^/]+)/TP:(?P<tp>\d+)/M:(?P<m>\d+)(?:/.*)?$")
 
 
-def n_of(tp):
-    nq, nkv, niq, nik = HEADS[tp]
-    return (nq + 2 * nkv + niq + nik) * 128
+def base_columns(backend):
+    """(op, header) of the fixed columns of the per-TP tables."""
+    f = f"fused_{backend}"
+    return [
+        (f, f"m3qkv {backend} NVFP4 caches"),
+        (f + "_fp8", f"m3qkv {backend} FP8 caches"),
+        ("cublas_bf16", "cuBLAS bf16"),
+        ("cublas_bf16+insert", "cuBLAS bf16 + insert"),
+        ("cublaslt_fp8", "cuBLASLt fp8"),
+        ("cublaslt_fp8+insert", "cuBLASLt fp8 + insert"),
+        ("floor_read", "read floor"),
+    ]
 
 
-def f8_128x4_bytes(rows, cols):
-    return (rows + 127) // 128 * 128 * ((cols + 3) // 4 * 4)
-
-
-def fused_bytes(tp, m):
-    """Bytes one fused call must move at least once (bench/RESULTS.md "Floors")."""
-    nq, nkv, niq, nik = HEADS[tp]
-    n = n_of(tp)
-    b = n * K + f8_128x4_bytes(n, K // 32) + m * K + f8_128x4_bytes(m, K // 32)
-    b += m * (8 + 8 + 8 + 128) + 4 * 256
-    b += m * nq * 128 * 2 + m * niq * 128 + m * (2 * nkv + nik) * 72
-    return b
-
-
-def flops(tp, m):
-    return 2.0 * m * n_of(tp) * K
+# Extra fused / GEMM entries that are known get this order; any other fused_* / gemm_*
+# entry follows alphabetically. fused_portable (a slow correctness reference at four
+# TP4 points) is left out.
+EXTRA_ORDER = ["fused_{b}_bf16", "fused_{b}_xbf16_fp8", "fused_{b}_invariant_fp8", "fused_{b}_fast_fp8",
+               "gemm_{b}_fast"]
+EXTRA_SKIP = {"fused_portable"}
+INSERT_FORMATS = ["nvfp4", "fp8", "bf16"]
+HOST_OPS = ["host_fused_qkv", "host_insert", "host_gemm", "host_quantize", "host_cublas_bf16",
+            "host_cublaslt_fp8", "host_launch_empty"]
 
 
 # ------------------------------------------------------------------ reading
 def load_json(path):
-    """The parsed file, or what can be recovered from a truncated one."""
+    """The parsed file; for a file cut short, its context and every complete entry."""
     with open(path, encoding="utf-8") as f:
         text = f.read()
     try:
@@ -82,272 +89,334 @@ def load_json(path):
     out = {"context": {}, "benchmarks": []}
     i = text.find('"context"')
     if i >= 0:
+        j = text.find("{", i)
         try:
-            out["context"], _ = dec.raw_decode(text, text.index("{", i))
-        except (ValueError, json.JSONDecodeError):
+            out["context"], _ = dec.raw_decode(text, j)
+        except (json.JSONDecodeError, ValueError):
             pass
     i = text.find('"benchmarks"')
-    if i >= 0 and text.find("[", i) >= 0:
-        j = text.index("[", i) + 1
-        while True:
-            while j < len(text) and text[j] in " \t\r\n,":
-                j += 1
-            if j >= len(text) or text[j] != "{":
-                break
-            try:
-                obj, j = dec.raw_decode(text, j)
-            except json.JSONDecodeError:
-                break
-            out["benchmarks"].append(obj)
-    print(f"note: {path} is not complete JSON; read {len(out['benchmarks'])} entries", file=sys.stderr)
+    if i < 0:
+        return out
+    pos = text.find("[", i) + 1
+    while True:
+        while pos < len(text) and text[pos] in " \t\r\n,":
+            pos += 1
+        if pos >= len(text) or text[pos] != "{":
+            break
+        try:
+            obj, pos = dec.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            break  # the entry the run was writing when it stopped
+        out["benchmarks"].append(obj)
+    out["truncated"] = True
     return out
 
 
-def parse_name(name):
-    """(op, tp, m) from 'op/TP:4/M:512/…'; tp None for the peaks; old names -> TP4."""
-    parts = name.split("/")
-    op, tp, m = parts[0], None, None
-    for p in parts[1:]:
-        if p.startswith("TP:"):
-            tp = int(p[3:])
-        elif p.startswith("M:"):
-            m = int(p[2:])
-    if m is not None and tp is None:
-        tp = 4  # runs before the TP sweep were TP4 only
-    return op, tp, m
-
-
-def entry_us(b):
-    if "us" in b:
+def time_us(b):
+    if "us" in b and isinstance(b["us"], (int, float)):
         return float(b["us"])
-    if "real_time" in b:
-        return float(b["real_time"]) * TIME_SCALE_US.get(b.get("time_unit", "ns"), 1e-3)
-    return None
+    t = b.get("real_time")
+    if not isinstance(t, (int, float)):
+        return None
+    return float(t) * TIME_SCALE_US.get(b.get("time_unit", "ns"), 1e-3)
 
 
-class Results:
-    """Per (op, tp, m): time per call in µs and counters of the chosen entry."""
-
-    def __init__(self):
-        self.iters = {}   # key -> list of entries (repetitions)
-        self.median = {}  # key -> aggregate 'median' entry, when written
-        self.context = {}
-
-    def add_file(self, data):
-        self.context.update(data.get("context", {}))
-        fresh_iters, fresh_median = {}, {}
-        for b in data.get("benchmarks", []):
-            name = b.get("run_name") or b.get("name", "")
-            op, tp, m = parse_name(name)
-            key = (op, tp, m)
-            if b.get("error_occurred") or b.get("skipped"):  # "skipped": Google Benchmark >= 1.8
-                fresh_iters.setdefault(key, [])
-                continue
-            if b.get("run_type") == "aggregate":
-                if b.get("aggregate_name") == "median":
-                    fresh_median[key] = b
-                continue
-            fresh_iters.setdefault(key, []).append(b)
-        # A later file replaces the entries it has (a re-run of a subset).
-        for key, v in fresh_iters.items():
-            self.iters[key] = v
-            self.median.pop(key, None)
-        self.median.update(fresh_median)
-
-    def get(self, op, tp, m):
-        """(µs, entry) or (None, None)."""
-        key = (op, tp, m)
-        if key in self.median:
-            b = self.median[key]
-            return entry_us(b), b
-        runs = [b for b in self.iters.get(key, []) if entry_us(b) is not None]
-        if not runs:
-            return None, None
-        if len(runs) == 1:
-            return entry_us(runs[0]), runs[0]
-        us = statistics.median(entry_us(b) for b in runs)
-        return us, min(runs, key=lambda b: abs(entry_us(b) - us))
-
-    def ops(self):
-        return {op for (op, _, _) in self.iters} | {op for (op, _, _) in self.median}
-
-    def ms_of(self, tp):
-        keys = list(self.iters) + list(self.median)
-        return sorted({m for (_, t, m) in keys if t == tp and m is not None})
-
-    def peak(self, op):
-        us, b = self.get(op, None, None)
-        if us is None or b is None:
-            return None
-        return float(b["TFLOP/s"]) if "TFLOP/s" in b else None
+def collect(doc):
+    """{(op, tp, m): entry} with entry = {"us": median µs, "counters": dict of the first run}."""
+    runs = {}
+    medians = {}
+    for b in doc.get("benchmarks", []):
+        if not isinstance(b, dict) or b.get("error_occurred"):
+            continue
+        mt = NAME_RE.match(str(b.get("run_name") or b.get("name", "")))
+        if not mt:
+            continue
+        key = (mt.group("op"), int(mt.group("tp")), int(mt.group("m")))
+        t = time_us(b)
+        if t is None:
+            continue
+        if b.get("run_type") == "aggregate":
+            if b.get("aggregate_name") == "median":
+                medians[key] = {"us": t, "counters": b}
+            continue
+        runs.setdefault(key, []).append((t, b))
+    out = {}
+    for key, rs in runs.items():
+        out[key] = {"us": statistics.median(t for t, _ in rs), "counters": rs[0][1]}
+    out.update(medians)
+    return out
 
 
-# ------------------------------------------------------------------ format
+# ------------------------------------------------------------------ formatting
 def fmt_us(v):
     if v is None:
         return DASH
-    return f"{v:.2f}" if v < 100 else f"{v:.1f}"
+    if v >= 1000:
+        return f"{v:.0f}"
+    if v >= 100:
+        return f"{v:.1f}"
+    return f"{v:.2f}"
 
 
-def fmt_tf(v):
-    return f"{v:.1f}" if v < 10 else f"{v:.0f}"
+def fmt_ratio(a, b):
+    if a is None or b is None or b <= 0:
+        return DASH
+    return f"{a / b:.2f}"
 
 
-def mark(ok):
-    return "✓" if ok else "✗"
+def md_table(head, rows):
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return lines
 
 
-def fused_op_for(res, tp):
-    """The automatic backend's fused entry: any fused_<backend> but the forced portable one, if present."""
-    ms = res.ms_of(tp)
-    have = sorted(op for op in res.ops()
-                  if op.startswith("fused_") and any(res.get(op, tp, m)[0] is not None for m in ms))
-    auto = [op for op in have if op != "fused_portable"]
-    if auto:
-        return auto[0]
-    return "fused_portable" if "fused_portable" in have else None
+def tps_present(data):
+    present = {tp for (_, tp, _) in data}
+    return [tp for tp in TP_ORDER if tp in present] + sorted(present - set(TP_ORDER))
 
 
-def table(res, tp, mem_bw, peak_bf16, out):
-    ms = res.ms_of(tp)
+def ms_of(data, tp, ops):
+    return sorted({m for (op, t, m) in data if t == tp and op in ops and m > 0})
+
+
+def extra_ops(data, backend, tp):
+    base = {op for op, _ in base_columns(backend)}
+    present = {op for (op, t, _) in data if t == tp}
+    cand = {op for op in present if (op.startswith("fused_") or op.startswith("gemm_"))
+            and op not in base and op not in EXTRA_SKIP}
+    known = [o.format(b=backend) for o in EXTRA_ORDER]
+    return [o for o in known if o in cand] + sorted(cand - set(known))
+
+
+def get(data, op, tp, m):
+    e = data.get((op, tp, m))
+    return e["us"] if e else None
+
+
+def main_tables(data, backend):
+    out = []
+    cols = base_columns(backend)
+    f8 = f"fused_{backend}_fp8"
+    for tp in tps_present(data):
+        extras = extra_ops(data, backend, tp)
+        ops = {op for op, _ in cols} | set(extras)
+        ms = ms_of(data, tp, ops)
+        if not ms:
+            continue
+        nq, nkv, niq, nik = HEADS.get(tp, (0, 0, 0, 0))
+        n = (nq + 2 * nkv + niq + nik) * 128
+        what = f"nq {nq}, nkv {nkv}, niq {niq}, nik {nik}, N = {n}" if tp in HEADS else "heads unknown"
+        out += [f"### TP{tp} ({what}), K = 6144, µs per call", ""]
+        head = ["M"] + [h for _, h in cols] + ["fused fp8 / cuBLAS bf16", "fused fp8 / (cuBLAS bf16 + insert)"]
+        head += [f"`{op}`" for op in extras]
+        rows = []
+        floor = get(data, "floor_read", tp, 0)
+        for m in ms:
+            r = [str(m)]
+            for op, _ in cols:
+                r.append(fmt_us(floor if op == "floor_read" else get(data, op, tp, m)))
+            t8 = get(data, f8, tp, m)
+            r.append(fmt_ratio(t8, get(data, "cublas_bf16", tp, m)))
+            r.append(fmt_ratio(t8, get(data, "cublas_bf16+insert", tp, m)))
+            r += [fmt_us(get(data, op, tp, m)) for op in extras]
+            rows.append(r)
+        out += md_table(head, rows) + [""]
+    return out
+
+
+def insert_tables(data):
+    out = []
+    ops = {f"insert_{f}" for f in INSERT_FORMATS}
+    tps = [tp for tp in tps_present(data) if ms_of(data, tp, ops)]
+    if not tps:
+        return out
+    out += ["### Standalone insert (`m3qkv_qknorm_rope_kv_insert`), µs per call (× its bound)", ""]
+    for tp in tps:
+        head = ["M"] + [f"TP{tp} {f.upper()}" for f in INSERT_FORMATS]
+        rows = []
+        for m in ms_of(data, tp, ops):
+            r = [str(m)]
+            for f in INSERT_FORMATS:
+                e = data.get((f"insert_{f}", tp, m))
+                if not e:
+                    r.append(DASH)
+                    continue
+                xb = e["counters"].get("x_bound")
+                r.append(fmt_us(e["us"]) + (f" ({xb:.2f})" if isinstance(xb, (int, float)) else ""))
+            rows.append(r)
+        out += md_table(head, rows) + [""]
+    return out
+
+
+def host_table(data):
+    keys = sorted((k for k in data if k[0] in HOST_OPS),
+                  key=lambda k: (HOST_OPS.index(k[0]), TP_ORDER.index(k[1]) if k[1] in TP_ORDER else 9, k[2]))
+    if not keys:
+        return []
+    out = ["### Host cost per call (CPU µs, GPU idle)", ""]
+    rows = []
+    for k in keys:
+        c = data[k]["counters"]
+        cell = lambda name: fmt_us(c[name]) if isinstance(c.get(name), (int, float)) else DASH
+        rows.append([f"`{k[0]}/TP:{k[1]}/M:{k[2]}`", cell("host_us"), cell("host_p90_us"), cell("kernel_us")])
+    return out + md_table(["entry", "median", "p90", "kernel"], rows) + [""]
+
+
+def context_line(doc):
+    c = doc.get("context", {}) if isinstance(doc.get("context"), dict) else {}
+    dev = c.get("device", "unknown device")
+    line = f"Device: {dev}. Times are µs per call (cold L2, CUDA-graph replay); ratios are time ratios (< 1: m3qkv faster)."
+    if doc.get("truncated"):
+        line += " The JSON was cut short: entries after the last complete one are missing."
+    return line
+
+
+def tables_block(doc, data, backend):
+    lines = ["(generated by tools/bench_table.py from bench/results/h200.json)", "", context_line(doc), ""]
+    lines += main_tables(data, backend) + insert_tables(data) + host_table(data)
+    while lines and lines[-1] == "":
+        lines.pop()
+    return "\n".join(lines)
+
+
+def perf_block(doc, data, backend, tp=4):
+    f8 = f"fused_{backend}_fp8"
+    floor = get(data, "floor_read", tp, 0)
+    present = set(ms_of(data, tp, {f8, "cublas_bf16", "cublas_bf16+insert"}))
+    ms = [m for m in PERF_MS if m in present]
+    c = doc.get("context", {}) if isinstance(doc.get("context"), dict) else {}
+    dev = c.get("device", "the benchmark's GPU")
+    lines = [f"MiniMax-M3 TP{tp} (K = 6144, N = 2560) on {dev}, µs per call (cold L2, CUDA-graph replay; "
+             "generated by tools/bench_table.py, all TPs and entries in bench/README.md):", ""]
     if not ms:
-        return
-    fused = fused_op_for(res, tp)
-    fused_label = fused[len("fused_"):] if fused else "auto"
-    nq, nkv, niq, nik = HEADS[tp]
-    out.append(f"### TP{tp} (nq {nq}, nkv {nkv}, niq {niq}, nik {nik} → N = {n_of(tp)}), K = {K}")
-    out.append("")
-    head = ["M", f"fused {fused_label} µs (TFLOP/s, GB/s)"] + [label for _, label in BASELINES]
-    head += ["memory floor µs", "compute floor µs",
-             f"fused vs unfused (≥ {TARGET_UNFUSED}×)", "fused / cuBLAS bf16 (< 1)",
-             f"fused % of bf16 peak (≥ {TARGET_PEAK * 100:.0f} % at M ≥ {TARGET_PEAK_MIN_M})"]
-    out.append("| " + " | ".join(head) + " |")
-    out.append("|" + "---|" * len(head))
-    tally = {"unfused": [0, 0], "cublas": [0, 0], "peak": [0, 0]}
+        lines.append("(no TP4 entries in bench/results/h200.json)")
+        return "\n".join(lines)
+    head = ["M", "m3qkv fused (FP8 caches)", "cuBLAS bf16 GEMM alone", "cuBLAS bf16 + m3qkv insert",
+            "weights' read floor", "fused / cuBLAS", "fused / pair"]
+    rows = []
     for m in ms:
-        tf_us, fb = res.get(fused, tp, m) if fused else (None, None)
-        if tf_us is not None:
-            tfs = float(fb["TFLOP/s"]) if "TFLOP/s" in fb else flops(tp, m) / (tf_us * 1e-6) * 1e-12
-            gbs = (f", {float(fb['GB/s']):.0f} GB/s") if "GB/s" in fb else ""
-            cell = f"{fmt_us(tf_us)} ({fmt_tf(tfs)} TF{gbs})"
-        else:
-            tfs, cell = None, DASH
-        row = [str(m), cell]
-        base = {}
-        for op, _ in BASELINES:
-            base[op] = res.get(op, tp, m)[0]
-            row.append(fmt_us(base[op]))
-        nbytes = float(fb["bytes_MB"]) * 1e6 if (fb and "bytes_MB" in fb) else fused_bytes(tp, m)
-        row.append(f"{nbytes / (mem_bw * 1e12) * 1e6:.2f}")
-        row.append(f"{flops(tp, m) / (peak_bf16 * 1e12) * 1e6:.2f}" if peak_bf16 else DASH)
-        # Targets.
-        if tf_us is not None and base["unfused_gemm+insert"] is not None:
-            r = base["unfused_gemm+insert"] / tf_us
-            ok = r >= TARGET_UNFUSED
-            tally["unfused"][0] += ok
-            tally["unfused"][1] += 1
-            row.append(f"{r:.2f}× {mark(ok)}")
-        else:
-            row.append(DASH)
-        if tf_us is not None and base["cublas_bf16"] is not None:
-            r = tf_us / base["cublas_bf16"]
-            ok = r < 1.0
-            tally["cublas"][0] += ok
-            tally["cublas"][1] += 1
-            row.append(f"{r:.2f} {mark(ok)}")
-        else:
-            row.append(DASH)
-        if tfs is not None and peak_bf16:
-            frac = tfs / peak_bf16
-            if m >= TARGET_PEAK_MIN_M:
-                ok = frac >= TARGET_PEAK
-                tally["peak"][0] += ok
-                tally["peak"][1] += 1
-                row.append(f"{frac * 100:.0f} % {mark(ok)}")
-            else:
-                row.append(f"{frac * 100:.0f} %")
-        else:
-            row.append(DASH)
-        out.append("| " + " | ".join(row) + " |")
-    out.append("")
-
-    def said(key):
-        met, n = tally[key]
-        return f"{met}/{n}" if n else "not measured"
-
-    out.append(f"Targets met at TP{tp}: ≥ {TARGET_UNFUSED}× over the unfused pair {said('unfused')}; "
-               f"faster than cuBLAS bf16 {said('cublas')}; "
-               f"≥ {TARGET_PEAK * 100:.0f} % of the bf16 peak at M ≥ {TARGET_PEAK_MIN_M} {said('peak')}.")
-    out.append("")
-
-    # The slow extra entries (forced portable, SM90 variants), where present.
-    known = {fused} | {op for op, _ in BASELINES}
-    extra = sorted(op for op in res.ops()
-                   if op not in known and not op.startswith("peak_")
-                   and any(res.get(op, tp, m)[0] is not None for m in ms))
-    if extra:
-        rows = [m for m in ms if any(res.get(op, tp, m)[0] is not None for op in extra)]
-        out.append(f"Other fused entries at TP{tp}, µs per call (in brackets: × the {fused_label} time):")
-        out.append("")
-        out.append("| M | " + " | ".join(extra) + " |")
-        out.append("|" + "---|" * (len(extra) + 1))
-        for m in rows:
-            ref = res.get(fused, tp, m)[0] if fused else None
-            cells = []
-            for op in extra:
-                v = res.get(op, tp, m)[0]
-                if v is None:
-                    cells.append(DASH)
-                elif ref:
-                    cells.append(f"{fmt_us(v)} ({v / ref:.2f}×)")
-                else:
-                    cells.append(fmt_us(v))
-            out.append(f"| {m} | " + " | ".join(cells) + " |")
-        out.append("")
+        t8, tb, tp_ = get(data, f8, tp, m), get(data, "cublas_bf16", tp, m), get(data, "cublas_bf16+insert", tp, m)
+        rows.append([str(m), fmt_us(t8), fmt_us(tb), fmt_us(tp_), fmt_us(floor), fmt_ratio(t8, tb), fmt_ratio(t8, tp_)])
+    return "\n".join(lines + md_table(head, rows))
 
 
+# ------------------------------------------------------------------ markers
+def split_markers(text, marks, path):
+    a, b = marks
+    i, j = text.find(a), text.find(b)
+    if i < 0 or j < 0 or j < i:
+        raise ValueError(f"{path}: markers {a} ... {b} not found")
+    return text[: i + len(a)], text[i + len(a): j], text[j:]
+
+
+def with_block(text, marks, block, path):
+    pre, _, post = split_markers(text, marks, path)
+    return pre + "\n" + block + "\n" + post
+
+
+# ------------------------------------------------------------------ plot
+def plot(data, backend, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench_table.py: matplotlib is not installed: no plot (pip install matplotlib)", file=sys.stderr)
+        return False
+    tps = tps_present(data)[:4] or TP_ORDER
+    fig, axes = plt.subplots(2, 2, figsize=(12, 9), squeeze=False)
+    # One color per series in every panel: the fused / GEMM entries in a fixed order,
+    # each baseline pair in one color (dashed alone, dotted with the insert).
+    f = f"fused_{backend}"
+    known = [f, f + "_fp8"] + [o.format(b=backend) for o in EXTRA_ORDER]
+    present = {op for (op, _, _) in data if (op.startswith(f) or op.startswith(f"gemm_{backend}"))}
+    fused = [o for o in known if o in present] + sorted(present - set(known))
+    palette = ["tab:blue", "tab:green", "tab:orange", "tab:red", "tab:purple", "tab:brown", "tab:pink",
+               "tab:olive", "tab:cyan"]
+    series = [(op, dict(lw=2.2, marker="o", ms=3.5, color=palette[i % len(palette)])) for i, op in enumerate(fused)]
+    series += [("cublas_bf16", dict(lw=1.4, ls="--", marker="s", ms=3, color="black")),
+               ("cublas_bf16+insert", dict(lw=1.2, ls=":", marker="s", ms=3, color="black")),
+               ("cublaslt_fp8", dict(lw=1.4, ls="--", marker="^", ms=3, color="dimgrey")),
+               ("cublaslt_fp8+insert", dict(lw=1.2, ls=":", marker="^", ms=3, color="dimgrey"))]
+    for ax, tp in zip(axes.flat, tps):
+        drawn = False
+        for op, style in series:
+            pts = sorted((m, e["us"]) for (o, t, m), e in data.items() if o == op and t == tp and m > 0)
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], label=op, **style)
+                drawn = True
+        floor = get(data, "floor_read", tp, 0)
+        if floor:
+            ax.axhline(floor, color="grey", lw=1, ls="-.", label="floor_read (weights read once)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"TP{tp}, K = 6144")
+        ax.set_xlabel("M (tokens)")
+        ax.set_ylabel("µs per call")
+        ax.grid(True, which="both", alpha=0.3)
+        if drawn or floor:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(tps):]:
+        ax.set_visible(False)
+    fig.suptitle("m3qkv on an H200: time per call vs M (cold L2, CUDA-graph replay)")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+# ------------------------------------------------------------------ main
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", nargs="+", help="Google Benchmark JSON output(s) of m3qkv_bench")
-    ap.add_argument("--mem-bw", type=float, default=4.27,
-                    help="memory bandwidth for the memory floor, TB/s (default: 4.27, measured H200 copy)")
-    ap.add_argument("--peak-bf16", type=float, default=None,
-                    help="bf16 peak TFLOP/s when the JSON has no peak_bf16 entry (default: none → '—')")
-    ap.add_argument("--tp", type=int, action="append", choices=sorted(HEADS),
-                    help="only these TPs (repeatable; default: all present)")
+    ap.add_argument("--json", default=os.path.join(ROOT, DEFAULT_JSON), help="Google Benchmark JSON")
+    ap.add_argument("--bench-readme", default=os.path.join(ROOT, DEFAULT_BENCH_README))
+    ap.add_argument("--readme", default=os.path.join(ROOT, DEFAULT_TOP_README), help="the README with the perf block")
+    ap.add_argument("--plot", default=os.path.join(ROOT, DEFAULT_PLOT), help="PNG to write")
+    ap.add_argument("--backend", default="sm90", help="backend tag of the fused entries (fused_<backend>)")
+    ap.add_argument("--check", action="store_true", help="compare the marker blocks, write nothing")
+    ap.add_argument("--no-plot", action="store_true")
     args = ap.parse_args(argv)
 
-    res = Results()
-    for path in args.json:
+    if not os.path.exists(args.json):
+        print(f"bench_table.py: {args.json} does not exist: run `bash tools/bench_sweep.sh` on an H200 "
+              "to produce it", file=sys.stderr)
+        return 2
+    doc = load_json(args.json)
+    if not isinstance(doc, dict):
+        print(f"bench_table.py: {args.json} is not Google Benchmark JSON", file=sys.stderr)
+        return 2
+    data = collect(doc)
+    if not data:
+        print(f"bench_table.py: {args.json} holds no benchmark entries named <op>/TP:<tp>/M:<m>", file=sys.stderr)
+        return 2
+    blocks = [(args.bench_readme, MARK_TABLES, tables_block(doc, data, args.backend)),
+              (args.readme, MARK_PERF, perf_block(doc, data, args.backend))]
+    status = 0
+    for path, marks, block in blocks:
         try:
-            res.add_file(load_json(path))
-        except OSError as e:
-            print(f"error: {e}", file=sys.stderr)
-            return 1
-    peak_bf16 = res.peak("peak_bf16")
-    peak_src = "peak_bf16 of this run"
-    if peak_bf16 is None and args.peak_bf16:
-        peak_bf16, peak_src = args.peak_bf16, "--peak-bf16"
-    peak_fp8 = res.peak("peak_fp8")
-
-    out = []
-    ctx = res.context
-    out.append(f"Device: {ctx.get('device', 'unknown')}; date {ctx.get('date', '?')}; "
-               f"executable {ctx.get('executable', '?')}.")
-    out.append(f"bf16 peak: {fmt_tf(peak_bf16) + ' TFLOP/s (' + peak_src + ')' if peak_bf16 else DASH}; "
-               f"fp8 peak: {fmt_tf(peak_fp8) + ' TFLOP/s' if peak_fp8 else DASH}; "
-               f"memory floor at {args.mem_bw} TB/s. Times are µs per call (cold L2, CUDA-graph replay).")
-    out.append("")
-    tps = args.tp or TP_ORDER
-    shown = 0
-    for tp in tps:
-        before = len(out)
-        table(res, tp, args.mem_bw, peak_bf16, out)
-        shown += len(out) > before
-    if not shown:
-        out.append("No (TP, M) entries found.")
-    print("\n".join(out))
-    return 0
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            new = with_block(text, marks, block, path)
+        except (OSError, ValueError) as e:
+            print(f"bench_table.py: {e}", file=sys.stderr)
+            status = 1
+            continue
+        if args.check:
+            if new != text:
+                old_block = split_markers(text, marks, path)[1].strip("\n").splitlines()
+                diff = difflib.unified_diff(old_block, block.splitlines(), f"{path} (now)", "generated", lineterm="")
+                print(f"bench_table.py: {path} is stale; run python3 tools/bench_table.py", file=sys.stderr)
+                print("\n".join(list(diff)[:40]), file=sys.stderr)
+                status = 1
+            continue
+        if new != text:
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(new)
+        print(f"bench_table.py: {path}: tables written")
+    if not args.check and not args.no_plot and plot(data, args.backend, args.plot):
+        print(f"bench_table.py: {args.plot}: plot written")
+    return status
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@
  * the caller's current context and device are the same after the call. Every
  * entry point may be called from any number of threads at once; one-time
  * setup is per context, so calls after cudaDeviceReset() or in a context of
- * cuCtxCreate work. See README "Contexts, streams and threads".
+ * cuCtxCreate work. See docs/contract.md §6.
  *
  * Checked mode: with M3QKV_CHECKED=1 in the environment (read once, at the
  * first call), every call also checks that each pointer is device memory of
@@ -60,7 +60,7 @@ extern "C" {
 #define M3QKV_VERSION_MINOR 1
 #define M3QKV_VERSION_PATCH 0
 
-/* Head dimension and NVFP4 cache geometry (SPEC §4). */
+/* Head dimension and NVFP4 cache geometry (docs/contract.md §4.2). */
 #define M3QKV_HEAD_DIM 128
 #define M3QKV_NVFP4_SLOT_BYTES_PER_TOKEN 72 /* 64 data bytes + 8 scale bytes */
 
@@ -83,8 +83,9 @@ typedef enum m3qkv_status {
   M3QKV_ERROR_NULL_POINTER = 5,
   /* args->struct_size is not the sizeof of a released version of the struct. */
   M3QKV_ERROR_STRUCT_SIZE = 6,
-  /* A shape or head-count rule of SPEC §2 fails (K % 128, nq % nkv,
-     niq ∈ {0, nkv}, nik ∈ {0, 1}, block_size % 4, page strides, sizes). */
+  /* A shape, head-count or stride rule of docs/contract.md §2.1 / §4 fails
+     (K % 128, nq % nkv, niq ∈ {0, nkv}, nik ∈ {0, 1}, block_size % 4, page
+     strides, sizes). */
   M3QKV_ERROR_INVALID_SHAPE = 7,
   /* A size computation would overflow 64-bit arithmetic or a kernel limit. */
   M3QKV_ERROR_TOO_LARGE = 8,
@@ -125,16 +126,18 @@ typedef enum m3qkv_backend_kind {
  * each with a message naming the setting.
  */
 
-/* Bits set (atomicOr) in *error_flags by the device-side guards (SPEC §6). */
+/* Bits set (atomicOr) in *error_flags by the device-side guards (docs/contract.md §5.3). */
 #define M3QKV_FLAG_SLOT_OUT_OF_RANGE 0x1u       /* slot_mapping[t] >= num_blocks·block_size: not written */
 #define M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE 0x2u /* index_slot_mapping[t] >= num_index_blocks·block_size */
 #define M3QKV_FLAG_POSITION_OUT_OF_RANGE 0x4u   /* positions[t] outside [0, max_position): clamped for the read */
 
 /*
- * Cache formats (kv_cache_dtype, index_cache_dtype; SPEC §4, §4b). Zero is the
- * default, so a zero-initialized struct keeps the NVFP4 caches.
- *   NVFP4: the paged layout of SPEC §4 (64 e2m1 data bytes + 8 e4m3 scale bytes
- *          per token and head; K and V of a head in slots 2h / 2h+1 of a page).
+ * Cache formats (kv_cache_dtype, index_cache_dtype; docs/contract.md §4.2,
+ * §4.3). Zero is the default, so a zero-initialized struct keeps the NVFP4
+ * caches.
+ *   NVFP4: the paged layout of docs/contract.md §4.2 (64 e2m1 data bytes + 8
+ *          e4m3 scale bytes per token and head; K and V of a head in slots
+ *          2h / 2h+1 of a page).
  *   FP8:   one e4m3 byte per element, e4m3_satfinite_rn(value · RN(1/scale))
  *          with k_scale for K (normed + roped) and v_scale for V (raw), the rule
  *          of q_fp8_out; index_k: e4m3_satfinite_rn(y), unit scale.
@@ -291,7 +294,7 @@ typedef struct m3qkv_insert_args {
   int64_t kv_head_stride;
 } m3qkv_insert_args;
 
-/* Arguments of m3qkv_mxfp8_gemm: out = bf16_rn(acc), acc as in SPEC §3. */
+/* Arguments of m3qkv_mxfp8_gemm: out = bf16_rn(acc), acc as in docs/contract.md §3. */
 typedef struct m3qkv_gemm_args {
   size_t struct_size; /* = sizeof(m3qkv_gemm_args) (or a released size, see m3qkv_fused_args) */
   int64_t m;          /* >= 0; 0 is a no-op */
@@ -381,7 +384,7 @@ typedef struct m3qkv_selftest_report {
   m3qkv_selftest_entry entries[M3QKV_SELFTEST_MAX_ENTRIES];
 } m3qkv_selftest_report;
 
-/* The fused op (SPEC §2-§4). Asynchronous on `stream`. */
+/* The fused op (docs/contract.md §2-§4). Asynchronous on `stream`. */
 M3QKV_API m3qkv_status m3qkv_fused_qkv(const m3qkv_fused_args* args, cudaStream_t stream);
 /* RMSNorm + RoPE + q outputs + cache insert (any cache format) on a bf16 projection. */
 M3QKV_API m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args, cudaStream_t stream);

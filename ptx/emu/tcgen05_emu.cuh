@@ -41,7 +41,7 @@
 // m % 32 (+32·q, all quarters hold the same copy after warpx4), column
 // sf_base + m / 32, byte = SF id; this is the layout tcgen05.cp.32x128b.warpx4
 // produces from a 512-byte [32][16] chunk whose byte (r, 4i + k) is the scale of
-// row 32i + r (notes/sm100-ptx.md; DeepGEMM's SF transpose before UTCCP).
+// row 32i + r (PTX ISA, tcgen05.cp and the block-scaled MMA's scale-factor layout; DeepGEMM's SF transpose before UTCCP).
 // The model reads SFA of row m at lane m, SFB of column n at lane n % 128.
 #pragma once
 

@@ -53,7 +53,7 @@ FLAG_SLOT_OUT_OF_RANGE = 0x1
 FLAG_INDEX_SLOT_OUT_OF_RANGE = 0x2
 FLAG_POSITION_OUT_OF_RANGE = 0x4
 
-# Cache formats (SPEC §4b: kv_cache_dtype / index_cache_dtype).
+# Cache formats (docs/contract.md §4.3: kv_cache_dtype / index_cache_dtype).
 CACHE_NVFP4 = 0
 CACHE_FP8 = 1
 CACHE_BF16 = 2
@@ -85,7 +85,7 @@ class M3qkvFallbackWarning(UserWarning):
 
 # ------------------------------------------------------------------ structs
 # The fields of each struct in header order. The *_CACHE_FORMAT_FIELDS are the
-# fields SPEC §4b appends for the FP8/BF16 cache formats; a library built
+# fields docs/contract.md §4.3 describes, appended for the FP8/BF16 cache formats; a library built
 # before them has the shorter struct (see Library.cache_formats).
 FUSED_FIELDS = [
     ("struct_size", c_size_t),

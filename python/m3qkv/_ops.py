@@ -130,7 +130,7 @@ def _heads(fn, what, n, nq, nkv, niq, nik, index_q_out, index_cache):
 def _no_formats(fn, what):
     lib = _capi.library()
     raise NotImplementedError(
-        f"{fn}: {what} needs the FP8/BF16 cache formats (kv_cache_dtype / index_cache_dtype, SPEC §4b), "
+        f"{fn}: {what} needs the FP8/BF16 cache formats (kv_cache_dtype / index_cache_dtype, docs/contract.md §4.3), "
         f"but the loaded {lib.path} predates them (its m3qkv_fused_args has {lib.fused_struct_size} bytes); "
         f"only NVFP4 caches (uint8, last dim 72) work with this library")
 

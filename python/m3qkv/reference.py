@@ -361,7 +361,7 @@ def epilogue(acc: torch.Tensor, *, nq: int, nkv: int, niq: int, nik: int, positi
     """The epilogue of the contract on acc f32 [M, N], writing the given output
     tensors in place exactly as the golden model does (NVFP4 caches: kv_cache
     uint8 [nb, 2·nkv, bs, 72] and index_cache uint8 [nb, bs, 72] at any page
-    stride; FP8/BF16 caches of SPEC §4b in the vLLM flash layouts, as the
+    stride; FP8/BF16 caches of docs/contract.md §4.3 in the vLLM flash layouts, as the
     Python op takes them; skipped and out-of-range slots untouched). Returns
     the M3QKV_FLAG_* bits."""
     m = acc.shape[0]
@@ -436,7 +436,7 @@ def epilogue(acc: torch.Tensor, *, nq: int, nkv: int, niq: int, nik: int, positi
 
 
 def _dense(v: torch.Tensor, dtype, sf: float | None) -> torch.Tensor:
-    """FP8 / BF16 cache values (SPEC §4b): e4m3_satfinite_rn(v · sf) (sf = None:
+    """FP8 / BF16 cache values (docs/contract.md §4.3): e4m3_satfinite_rn(v · sf) (sf = None:
     unit scale), or bf16_rn(v) (scales ignored)."""
     if dtype == torch.bfloat16:
         return f32_to_bf16(v)

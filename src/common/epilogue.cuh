@@ -1,4 +1,4 @@
-// The epilogue of SPEC §3 (numerics), §4 / §4b (cache layouts) and §6 (device-side
+// The epilogue of docs/contract.md §3 (numerics), §4 (cache layouts) and §5.3 (device-side
 // guards) as small device functions, written once for every GPU backend.
 //
 // Data model: a head row is 128 f32 values reached through a `float*`. The
@@ -76,7 +76,7 @@ struct EpilogueParams {
   float k_sf;  // RN(1 / k_scale)
   float v_sf;  // RN(1 / v_scale)
   uint32_t* error_flags;
-  // Cache formats (SPEC §4b): kCacheNvfp4 / kCacheFp8 / kCacheBf16 of common/layouts.h.
+  // Cache formats (docs/contract.md §4.3): kCacheNvfp4 / kCacheFp8 / kCacheBf16 of common/layouts.h.
   int32_t kv_dtype;
   int32_t ix_dtype;
   uint8_t* v_cache;         // FP8 / BF16 KV: V elements (K in kv_cache)
@@ -86,7 +86,7 @@ struct EpilogueParams {
 
 // Host side: m3qkv_fused_args and m3qkv_insert_args name these fields alike.
 // The three reciprocals are computed once, in f32 RN (rcp_rn on the host is
-// IEEE 1.0f / x), exactly as SPEC §3.3 / §3.5 and the golden model do.
+// IEEE 1.0f / x), exactly as docs/contract.md §3.3 / §3.5 and the golden model do.
 template <class Args>
 inline EpilogueParams make_epilogue_params(const Args& a) {
   EpilogueParams p;
@@ -128,7 +128,7 @@ inline EpilogueParams make_epilogue_params(const Args& a) {
 }
 
 // ------------------------------------------------------------ conversions
-// bf16_rn(lo) | bf16_rn(hi) << 16 (SPEC §3.6).
+// bf16_rn(lo) | bf16_rn(hi) << 16 (docs/contract.md §3.6).
 M3_HD uint32_t pack_bf16x2(float lo, float hi) {
 #if M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_BF16X2_F32
   return cvt_rn_bf16x2_f32(lo, hi);
@@ -136,7 +136,7 @@ M3_HD uint32_t pack_bf16x2(float lo, float hi) {
   return static_cast<uint32_t>(f32_to_bf16_rn_soft(lo)) | (static_cast<uint32_t>(f32_to_bf16_rn_soft(hi)) << 16);
 #endif
 }
-// e4m3_satfinite_rn of two values, v0 in the low byte (SPEC §3.6).
+// e4m3_satfinite_rn of two values, v0 in the low byte (docs/contract.md §3.6).
 M3_HD uint32_t pack_e4m3x2(float v0, float v1) {
 #if M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_SATFINITE_E4M3X2_F32
   return cvt_rn_satfinite_e4m3x2_f32(v0, v1);
@@ -145,7 +145,7 @@ M3_HD uint32_t pack_e4m3x2(float v0, float v1) {
          (static_cast<uint32_t>(f32_to_e4m3_satfinite_rn_soft(v1)) << 8);
 #endif
 }
-// Two NVFP4 codes (SPEC §3.5): e2m1(RZ(v·rc)), magnitude-0 codes as +0;
+// Two NVFP4 codes (docs/contract.md §3.5): e2m1(RZ(v·rc)), magnitude-0 codes as +0;
 // v0 in the low nibble.
 M3_HD uint32_t nvfp4_encode2(float v0, float v1, float rc) {
 #if M3QKV_EPILOGUE_HW_E2M1 && M3QKV_HAS_CVT_RN_SATFINITE_E2M1X2_F32
@@ -162,8 +162,8 @@ M3_HD uint32_t nvfp4_encode2(float v0, float v1, float rc) {
 // and two exact widenings where the device has it: equal to e4m3_to_f32 on
 // every byte but the NaN codes 0x7F / 0xFF (GpuConversions.
 // E4m3x2ToF32x2EqualsSoftwareOnAllPairs); callers pass no NaN code. The
-// software form branches on subnormals, which serialized the NVFP4 group
-// scales of a lane (bench/RESULTS.md v12).
+// software form branches on subnormals, which serializes the NVFP4 group
+// scales of a lane.
 M3_HD float2 e4m3x2_to_f32x2_dev(uint32_t pair) {
 #if M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_F16X2_E4M3X2
   const uint32_t h = cvt_rn_f16x2_e4m3x2(static_cast<uint16_t>(pair));
@@ -173,7 +173,7 @@ M3_HD float2 e4m3x2_to_f32x2_dev(uint32_t pair) {
 #endif
 }
 
-// The NVFP4 group scales of SPEC §3.5 (numerics.h nvfp4_group_scale) of two
+// The NVFP4 group scales of docs/contract.md §3.5 (numerics.h nvfp4_group_scale) of two
 // groups with the same has_sf / sf, with the device's conversion
 // instructions where they are proven identical: the scale bytes by one
 // cvt.rn.satfinite.e4m3x2 (all 2^32 inputs), and RN(1/s) by rcp.approx.ftz,
@@ -184,9 +184,9 @@ M3_HD float2 e4m3x2_to_f32x2_dev(uint32_t pair) {
 // serializes the two groups but keeps fewer values live: the SM100 decode
 // kernel (168 registers) spills 8 B with the branch-free form in its quad
 // epilogue (ptxas, sm_100f), where the insert kernels have room.
-// The software form spent ~50 instructions per group on these steps (the
-// NVFP4 heads' epilogue was the SM90 decode kernel's tail: fused 17.8 µs with
-// NVFP4 caches against 12.6 with FP8 at TP4 M = 1, H200 run 5).
+// The software form costs ~50 instructions per group on these steps, on the
+// critical path of the NVFP4 heads' epilogue (the split-K decode kernels'
+// tail: compare fused_sm90/TP:4/M:1 with fused_sm90_fp8/TP:4/M:1).
 template <bool kDecodeCvt = true>
 M3_HD uint32_t nvfp4_group_scale2_dev(float amax0, float amax1, bool has_sf, float sf, float* rc0, float* rc1) {
 #if M3QKV_EPILOGUE_HW_CVT && M3QKV_HAS_CVT_RN_SATFINITE_E4M3X2_F32
@@ -234,7 +234,7 @@ M3_HD void set_flag(uint32_t* flags, uint32_t bit) {
   *flags |= bit;  // host builds of these functions (CPU emulation in tests): single-threaded
 #endif
 }
-// SPEC §6: a position outside [0, max_position) is clamped for the read and flagged.
+// docs/contract.md §5.3: a position outside [0, max_position) is clamped for the read and flagged.
 M3_HD bool position_in_range(int64_t pos, int64_t max_position) { return pos >= 0 && pos < max_position; }
 M3_HD int64_t clamp_position_quiet(int64_t pos, int64_t max_position) {
   return position_in_range(pos, max_position) ? pos : pos < 0 ? 0 : max_position - 1;
@@ -243,7 +243,7 @@ M3_HD int64_t clamp_position(int64_t pos, int64_t max_position, uint32_t* flags)
   if (!position_in_range(pos, max_position)) set_flag(flags, M3QKV_FLAG_POSITION_OUT_OF_RANGE);
   return clamp_position_quiet(pos, max_position);
 }
-// Slot id -> (page, token) (SPEC §4). Returns false when nothing is to be
+// Slot id -> (page, token) (docs/contract.md §4.4). Returns false when nothing is to be
 // written: slot < 0 silently, page >= num_pages with `oob_bit` set in flags.
 // The page compare avoids forming num_pages·block_size.
 struct SlotAddr {
@@ -272,7 +272,7 @@ M3_HD bool resolve_slot(int64_t slot, int64_t num_pages, int block_size, uint32_
 }
 
 // ---------------------------------------------------- RMSNorm and RoPE
-// Class-ordered sums of squares (SPEC §3.1): s[cls(c)] accumulates x[c]²
+// Class-ordered sums of squares (docs/contract.md §3.1): s[cls(c)] accumulates x[c]²
 // with fma for c ascending, which is ascending within each class.
 M3_HD void rms_class_sums(const float* x, float (&s)[4]) {
   s[0] = s[1] = s[2] = s[3] = 0.0f;
@@ -296,7 +296,7 @@ M3_HD void rms_norm_head(float* x, const uint16_t* w, float eps) {
     }
   }
 }
-// In-place NeoX RoPE on columns 0..63 (SPEC §3.2); cs = the 64 bf16 of
+// In-place NeoX RoPE on columns 0..63 (docs/contract.md §3.2); cs = the 64 bf16 of
 // cos_sin_cache[pos] = [cos 0..31 | sin 0..31] (16-B aligned).
 M3_HD void rope64_head(float* y, const uint16_t* cs) {
   uint32_t w[kRopeDim / 2];
@@ -352,7 +352,7 @@ M3_HD void store_e4m3_head(const float* y, float qinv, uint8_t* dst) {
 }
 
 // ----------------------------------------------------------------- NVFP4
-// One 16-value group (SPEC §3.5): returns the e4m3 scale byte; data = the 8
+// One 16-value group (docs/contract.md §3.5): returns the e4m3 scale byte; data = the 8
 // packed bytes (element 2i in the low nibble of byte i) as two little-endian
 // words. has_sf = false for index_k.
 M3_HD uint8_t nvfp4_quant16(const float* v, bool has_sf, float sf, uint2* data) {
@@ -367,7 +367,7 @@ M3_HD uint8_t nvfp4_quant16(const float* v, bool has_sf, float sf, uint2* data) 
   *data = make_uint2(w[0], w[1]);
   return s8;
 }
-// Quantizes one head row into token `t` of the slot at `slot_base` (SPEC §4):
+// Quantizes one head row into token `t` of the slot at `slot_base` (docs/contract.md §4.2):
 // data bytes at t·64 + c/2, scale bytes linear (K, index_k) or 4-token
 // swizzled (V). slot_base is 32-B aligned (base 16-B aligned, page strides
 // % 32, slot size block_size·72 with block_size % 4 == 0), so the 8-byte stores
@@ -389,7 +389,7 @@ M3_HD void nvfp4_store_head(const float* y, bool has_sf, float sf, bool v_swizzl
 }
 
 // ------------------------------------------------- FP8 / BF16 cache rows
-// One head row into a flat cache row at dst (SPEC §4b): FP8 = the q_fp8_out
+// One head row into a flat cache row at dst (docs/contract.md §4.3): FP8 = the q_fp8_out
 // rule e4m3_satfinite_rn(y · sf), BF16 = bf16_rn(y). index_k passes sf = 1:
 // the contract has no multiply there, and y · 1 = y exactly for every non-NaN
 // f32 (IEEE; ±0, ±inf and subnormals included) while any NaN encodes to 0x7F
@@ -413,7 +413,7 @@ M3_HD void norm_rope_head(const EpilogueParams& p, int64_t m, const uint16_t* w,
 // The complete epilogue of token row `m` and projection head `head`
 // (0 <= head < nq + 2nkv + niq + nik) on its 128 accumulator values x
 // (modified in place). Writes that row's outputs / cache token, with the
-// guards of SPEC §6.
+// guards of docs/contract.md §5.3.
 M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float* x) {
   const HeadInfo h = head_info(head, p.nq, p.nkv, p.niq);
   // FP8 / BF16 cache row of a k / v / index_k head: one store site after the

@@ -1,4 +1,4 @@
-// The SPEC §3 epilogue of one (token row, head) held by a QUAD of lanes — the
+// The docs/contract.md §3 epilogue of one (token row, head) held by a QUAD of lanes — the
 // register-resident form every fragment-shaped kernel shares (the SM90 fused
 // kernel's wgmma fragment, the SM90 decode kernel's reduced tile). Device only:
 // the quad meets through warp shuffles.
@@ -8,13 +8,13 @@
 // result equals epi::epilogue_head_row bit for bit:
 //  * RMSNorm: cls(c) = (c >> 1) & 3 = q, so lane q holds exactly class q of its
 //    row and visits it in ascending column order (j, then b): its serial fma
-//    chain IS s_q of SPEC §3.1. The four sums meet through quad shuffles and
+//    chain IS s_q of docs/contract.md §3.1. The four sums meet through quad shuffles and
 //    every lane evaluates rms_inv(s0, s1, s2, s3) in the contract order.
 //  * RoPE: pair (i, i + 32), i < 32, is (j, b) and (j + 4, b) of the same lane.
 //  * NVFP4 group g = columns 16g..16g+15 = j in {2g, 2g+1} of the four quad
 //    lanes: amax by quad max-reduction (max ignoring NaN, from +0, does not
 //    depend on the order), then the same group-scale and encoder primitives.
-//  * FP8 / BF16 caches (SPEC §4b) are element-wise: each lane encodes its own
+//  * FP8 / BF16 caches (docs/contract.md §4.3) are element-wise: each lane encodes its own
 //    columns with the same pack_* primitives.
 //  * Stores: every value goes where common/layouts.h puts it, but not from
 //    the lane that computed it: each output row is stored as 16-byte chunks
@@ -236,13 +236,13 @@ __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadI
 // epilogue loads them again after the wait and uses the guess only where
 // both words match (lane_row_epilogue). What the guess buys: the cos/sin
 // words load in the first round after the wait, at the guessed position,
-// and the slot division and address are off the post-wait path (on the
-// H200 each dependent load round after the wait took ~1,000 cycles at
-// small M, bench/RESULTS.md v14).
+// and the slot division and address are off the post-wait path (each
+// dependent load round after the wait is ~1,000 cycles at small M on the
+// H200).
 // kDest: the destination guessed too (warp rows, kRowGuessDest<L>), else
-// only the position (d / bits stay unset and unread). ptxas sm_90a with it
-// for every L: the 8-lane kernel 64 -> 80 registers (8 -> 6 CTAs per SM), the
-// split kernels 63 -> 64 (still 8; v15, not measured on the GPU).
+// only the position (d / bits stay unset and unread). Guessing it for every
+// L would take the 8-lane kernel to 80 registers (6 CTAs per SM instead of
+// 8; ptxas sm_90a).
 template <int L>
 constexpr bool kRowGuessDest = L == 32;
 struct RowGuess {

@@ -1,12 +1,12 @@
-// The SPEC §3 epilogue of one (token row, head) held by L = 8, 16 or 32
+// The docs/contract.md §3 epilogue of one (token row, head) held by L = 8, 16 or 32
 // lanes (lane_row_epilogue<L>): the forms between the quad form
 // (epilogue_quad.cuh, 4 lanes of 32 values) and one row per warp.
 //  * L = 32, warp rows: the form for few rows (the standalone insert at small
 //    M, the split-K decode kernels' last arriver when its token block has at
 //    most one row per warp). With few rows the quad form's serial chain of
 //    32 values per lane (norm, RoPE, encode; for NVFP4 eight group scales) is
-//    the kernel's critical path with nothing to hide it (bench/RESULTS.md,
-//    issue 13); here a lane holds 4 values, a row's chain is ~8x shorter.
+//    the kernel's critical path with nothing to hide it; here a lane holds
+//    4 values, a row's chain is ~8x shorter.
 //  * L = 8 / 16 (the standalone insert at mid M): 32 / L rows per warp, 16 /
 //    8 values per lane: the chain of a row 2-4x shorter than the quad form's,
 //    and the norm sums (below) repeated in 2 / 4 lane groups instead of 8.
@@ -23,7 +23,7 @@
 //  * RMSNorm: every lane also sees its row in the quad layout of its q (unit
 //    j of class q is lane 4(j % K) + q's unit j / K: a shuffle within the
 //    row; the decode kernels' shared-memory source loads it again instead,
-//    Src::kSumsFromLanes) and runs the serial fma chain s_q of SPEC §3.1
+//    Src::kSumsFromLanes) and runs the serial fma chain s_q of docs/contract.md §3.1
 //    exactly as quad_row_epilogue does; rms_inv of the quad's four sums, the
 //    same in every quad.
 //  * RoPE: pair (i, i + 32), i < 32, is column 8j + 2q + b (j < 4) with
@@ -63,10 +63,9 @@ struct Bf16Row {
     return make_float2(bf16_to_f32(static_cast<uint16_t>(w & 0xffffu)), bf16_to_f32(static_cast<uint16_t>(w >> 16)));
   }
   // The norm sums' words by shuffles from the row's lanes (lane_row_epilogue),
-  // not a second load of the row: the loaded copy held 16 more words per lane
-  // through round 1. ptxas sm_90a, the insert kernels: warp 68 -> 64
-  // registers, 8-lane 74 -> 64, c32q8 80 -> 63, c16q8 + guess 80 -> 63, i.e.
-  // 8 CTAs per SM for each (bench/RESULTS.md v15).
+  // not a second load of the row: a loaded copy would hold 16 more words per
+  // lane through round 1, and the shuffles keep every lane-row insert kernel
+  // at <= 64 registers, i.e. 8 CTAs per SM (ptxas sm_90a).
   static constexpr bool kSumsFromLanes = true;
 };
 
@@ -82,8 +81,8 @@ struct LaneRow {
 // Which heads a caller passes: any, only cache heads (k, v, index_k) or only
 // q / index_q heads. A caller that runs both classes in separate loops (the
 // insert's split layouts) instantiates one form per class without the other
-// class's branches: half the code of two kAny forms (the split kernel's
-// instruction fetch stalls, bench/RESULTS.md v13).
+// class's branches: half the code of two kAny forms (with two kAny forms
+// the split kernel stalls on instruction fetch).
 enum class RowHeads { kAny, kCache, kQuery };
 
 // The epilogue of token `row` for head `head`, its 128 values from `src`.

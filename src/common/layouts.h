@@ -1,4 +1,4 @@
-// The layouts of SPEC §4 / §4b, written once: the F8_128x4 scale-factor
+// The layouts of docs/contract.md §4, written once: the F8_128x4 scale-factor
 // swizzle, the NVFP4 paged-cache addressing and the FP8 / BF16 ("flat") cache
 // addressing. Used by every kernel, the golden model and the tests (host + device).
 #pragma once

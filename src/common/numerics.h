@@ -1,4 +1,4 @@
-// The numerics contract of SPEC §3, written once for the CPU golden model, the
+// The numerics contract of docs/contract.md §3, written once for the CPU golden model, the
 // tests and every GPU backend (host + device). Each primitive states its
 // rounding explicitly: on the device through the __f*_r* intrinsics (which
 // nvcc never contracts into an FMA), on the host through IEEE f32 arithmetic
@@ -49,7 +49,7 @@ M3_HD float bits_f32(uint32_t u) {
 }
 M3_HD bool is_nan_f32(float f) { return (f32_bits(f) & 0x7fffffffu) > 0x7f800000u; }
 M3_HD float abs_f32(float f) { return bits_f32(f32_bits(f) & 0x7fffffffu); }
-// IEEE maxNum: a NaN operand is ignored (SPEC §3.5 "max ignores NaN").
+// IEEE maxNum: a NaN operand is ignored (docs/contract.md §3.5 "max ignores NaN").
 // The host path is explicit: glibc's fmax returns NaN when an operand is a
 // *signalling* NaN (IEEE 754-2008 maxNum), while the GPU's fmaxf ignores any
 // NaN; a bf16 sNaN in the MX quantizer's input exposed the difference.
@@ -146,7 +146,7 @@ inline float rsqrt_rn_host(float t) {
 }
 #endif
 
-// value·rc rounded toward zero (NVFP4 quantizer, SPEC §3.5).
+// value·rc rounded toward zero (NVFP4 quantizer, docs/contract.md §3.5).
 M3_HD float mul_rz(float a, float b) {
 #if defined(__CUDA_ARCH__)
   return __fmul_rz(a, b);
@@ -154,7 +154,7 @@ M3_HD float mul_rz(float a, float b) {
   return mul_rz_host(a, b);
 #endif
 }
-// Correctly rounded 1/sqrt(t) (SPEC §3.1).
+// Correctly rounded 1/sqrt(t) (docs/contract.md §3.1).
 M3_HD float rsqrt_rn(float t) {
 #if defined(__CUDA_ARCH__)
   return __frsqrt_rn(t);
@@ -235,7 +235,7 @@ M3_HD float e2m1_to_f32(uint8_t c) {
 // f32 -> e2m1 as cvt.rn.satfinite.e2m1x2.f32: RN-even on {0,.5,1,1.5,2,3,4,6},
 // |x| > 6 (incl. inf) -> ±6, NaN -> +6 (0x7; CUDA 13 cuda_fp4.hpp: "NaN converts to
 // positive FP4_MAXNORM"). Returns the 4-bit code; -0 results keep the sign bit
-// (callers clear it, SPEC §3.5).
+// (callers clear it, docs/contract.md §3.5).
 M3_HD uint8_t f32_to_e2m1_satfinite_rn_soft(float f) {
   const uint32_t u = f32_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7u;
@@ -256,7 +256,7 @@ M3_HD uint8_t f32_to_e2m1_satfinite_rn_soft(float f) {
 
 // The same function without branches, for the device (the NVFP4 heads'
 // epilogue encodes 32 values per lane; every instruction of it is on the
-// critical path of a lone warp, bench/RESULTS.md v12). With a = |f|:
+// critical path of a lone warp). With a = |f|:
 //  * a >= 1 (bits >= 0x3F800000, which includes inf and NaN): the nearest
 //    e2m1 code is the f32 exponent and top mantissa bit rounded to nearest
 //    even in the integer domain ((bits + 0x1FFFFF + bit22) >> 22, minus the
@@ -315,7 +315,7 @@ M3_HD uint8_t mx_quantize_value(float x, int e) {
 }
 
 // ----------------------------------------------------- epilogue primitives
-// RMSNorm column class (SPEC §3.1): four interleaved partial sums.
+// RMSNorm column class (docs/contract.md §3.1): four interleaved partial sums.
 M3_HD int rms_class(int c) { return (c >> 1) & 3; }
 
 // total = (s0 + s1) + (s2 + s3); t = fma(total, 2^-7, eps); r = rsqrt_rn(t).
@@ -334,7 +334,7 @@ M3_HD void rope_pair(float u, float v, float co, float si, float* yu, float* yv)
   *yv = fma_rn(v, co, mul_rn(u, si));
 }
 
-// NVFP4 group scale (SPEC §3.5). `sf` is RN(1/k_scale) or RN(1/v_scale);
+// NVFP4 group scale (docs/contract.md §3.5). `sf` is RN(1/k_scale) or RN(1/v_scale);
 // has_sf = false for index_k. Returns the e4m3 scale byte and sets *rc.
 M3_HD uint8_t nvfp4_group_scale(float amax, bool has_sf, float sf, float* rc) {
   float a = mul_rn(amax, 0.16666667163372040f /* RN(1/6) = 0x3E2AAAAB */);

@@ -1,4 +1,4 @@
-// CPU golden model of m3qkv (SPEC §2-§4, §6): the reference every GPU
+// CPU golden model of m3qkv (docs/contract.md §2-§4, §5.3): the reference every GPU
 // backend is compared with. Every rounding step goes through the primitives of
 // common/numerics.h and every address through common/layouts.h, so the kernels
 // and this model share one definition of the contract. Compiled with
@@ -40,7 +40,7 @@ std::vector<double> mxfp8_acc_f64(const uint8_t* xq, const uint8_t* xsf, const u
 std::vector<double> mxfp8_decode(const uint8_t* q, const uint8_t* sf, int64_t rows, int64_t k);
 
 // ------------------------------------------------------------- epilogue
-// The complete epilogue of SPEC §3 on an f32 accumulator acc [m, N]
+// The complete epilogue of docs/contract.md §3 on an f32 accumulator acc [m, N]
 // (row-major, N = (nq + 2nkv + niq + nik)·128), with the layouts of §4 and the
 // guards of §6, writing q_out / q_fp8_out / index_q_out / kv_cache / v_cache /
 // index_cache at the host pointers of `a` in the formats a.kv_cache_dtype /
@@ -61,17 +61,17 @@ void insert(const m3qkv_insert_args& a, uint32_t* flags);
 void gemm_bf16(const m3qkv_gemm_args& a);
 
 // ------------------------------------------------- per-head pieces (tests)
-// RMSNorm (SPEC §3.1) then RoPE (§3.2) of one head row. cs_row = the 64 bf16
+// RMSNorm (docs/contract.md §3.1) then RoPE (§3.2) of one head row. cs_row = the 64 bf16
 // of cos_sin_cache[pos]; nullptr skips RoPE.
 void head_rms(const float x[128], const uint16_t w_bf16[128], float eps, float y[128]);
 void head_rope(float y[128], const uint16_t* cs_row);
 void head_rms_rope(const float x[128], const uint16_t w_bf16[128], float eps, const uint16_t* cs_row, float y[128]);
-// FP8 / BF16 cache rows (SPEC §4b): out[c] = e4m3_satfinite_rn(v[c] · sf)
+// FP8 / BF16 cache rows (docs/contract.md §4.3): out[c] = e4m3_satfinite_rn(v[c] · sf)
 // (has_sf; K with RN(1/k_scale), V with RN(1/v_scale)) or e4m3_satfinite_rn(v[c])
 // with no multiply at all (index_k, unit scale); bf16_rn(v[c]).
 void fp8_head(const float v[128], bool has_sf, float sf, uint8_t out[128]);
 void bf16_head(const float v[128], uint16_t out[128]);
-// NVFP4 quantization of one head row (SPEC §3.5): data[64] (element 2i in the
+// NVFP4 quantization of one head row (docs/contract.md §3.5): data[64] (element 2i in the
 // low nibble of byte i) and scales[8] (group order g = 0..7, before any cache
 // swizzle). has_sf = false for index_k; sf = RN(1/k_scale) or RN(1/v_scale).
 void nvfp4_quant_head(const float y[128], bool has_sf, float sf, uint8_t data[64], uint8_t scales[8]);
@@ -102,7 +102,7 @@ void decode_flat_index_token(const uint8_t* base, int32_t dtype, int64_t page_st
 // e4m3 bytes -> f32 (exact), n values.
 void decode_e4m3(const uint8_t* in, int64_t n, float* out);
 
-// Clamped position used for the RoPE read (SPEC §6).
+// Clamped position used for the RoPE read (docs/contract.md §5.3).
 int64_t clamp_position(int64_t pos, int64_t max_position);
 
 }  // namespace golden

@@ -6,7 +6,7 @@
 // self-test (m3qkv_selftest, src/api/selftest.cpp) run; compiled into the
 // library with the golden model (-ffp-contract=off, no fast-math).
 //
-// Data modes (SPEC §7):
+// Data modes (docs/contract.md §3.8):
 //  - random (exact_data = false): bf16 activations ~N(0,1) with per-row scale
 //    variation and a few outliers, weights ~N(0, 0.02), both quantized by the
 //    golden MXFP8 quantizer; realistic RoPE table; small random norm weights.
@@ -57,7 +57,7 @@ struct ProblemConfig {
   double slot_skip_fraction = 0.125;  // tokens whose slot (and, independently, index slot) is < 0
   bool out_of_range_slots = false;      // some slots / index slots >= capacity
   bool out_of_range_positions = false;  // some positions < 0 or >= max_position
-  // Cache formats (SPEC §4b): m3qkv_cache_dtype of the KV and the index cache.
+  // Cache formats (docs/contract.md §4.3): m3qkv_cache_dtype of the KV and the index cache.
   int kv_dtype = 0;
   int index_dtype = 0;
   // FP8 / BF16 KV layout. Token-major pages [block_size][nkv][128] (vLLM flash)

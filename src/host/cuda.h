@@ -2,7 +2,7 @@
 // launches and the per-backend setup (cudaFuncSetAttribute, occupancy), in one
 // table. The real table calls the runtime directly and the driver through
 // entry points resolved once per process with cudaGetDriverEntryPointByVersion
-// (SPEC §1: no link-time dependency on libcuda), each with the ABI of the
+// (docs/contract.md §7.4: no link-time dependency on libcuda), each with the ABI of the
 // version in its type name so that a newer driver cannot hand us a different
 // signature. The CPU tests install a scripted table (testing_install_cuda) to
 // exercise the context, device and workspace logic without a GPU.

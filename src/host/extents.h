@@ -1,5 +1,5 @@
 // The device bytes one call touches, buffer by buffer, as named extents:
-// the overlap rule of validation (SPEC §6: written buffers must not overlap
+// the overlap rule of validation (docs/contract.md §5.2: written buffers must not overlap
 // each other or any input) and checked mode's allocation bounds use the same
 // list, so "the buffer as the call touches it" is written once.
 //

@@ -8,7 +8,7 @@
 
 namespace {
 
-// One message per thread (SPEC §6). 1 KiB holds the longest message we format
+// One message per thread (docs/contract.md §5.1). 1 KiB holds the longest message we format
 // (function + argument name + a few 64-bit values) with room to spare;
 // vsnprintf truncates rather than overflows if a message ever gets longer.
 constexpr int kMessageBytes = 1024;

@@ -1,4 +1,4 @@
-// Complete argument validation for the four entry points (SPEC §2, §6, §8).
+// Complete argument validation for the four entry points (docs/contract.md §2, §5.2, §7.2).
 // Nothing here touches the GPU or dereferences a device pointer: every rule is
 // a host-side check on scalars and pointer values, so a rejected call never
 // launches anything.
@@ -47,9 +47,9 @@ constexpr int64_t kSlotBytesPerToken = M3QKV_NVFP4_SLOT_BYTES_PER_TOKEN;
 constexpr int64_t kKMultiple = 128;
 // The GEMM N dimension is tiled by heads of 128 rows.
 constexpr int64_t kNMultiple = kHeadDim;
-// The V scale swizzle groups tokens by 4 (SPEC §4).
+// The V scale swizzle groups tokens by 4 (docs/contract.md §4.2).
 constexpr int64_t kBlockSizeMultiple = 4;
-// Pages are addressed with 32-byte aligned vector/TMA accesses (SPEC §2).
+// Pages are addressed with 32-byte aligned vector/TMA accesses (docs/contract.md §4.2).
 constexpr int64_t kPageStrideMultiple = 32;
 // Kernel limits: token rows and columns are indexed with 32-bit integers in
 // the kernels (grid coordinates, tile indices), K with 32-bit k-block counters.
@@ -185,7 +185,7 @@ m3qkv_status check_eps(Ctx c, float eps) {
 }
 
 // A dequantization scale: finite, > 0, and its f32 reciprocal RN(1/scale),
-// which the kernels multiply by (SPEC §3.3, §3.5), a finite normal number:
+// which the kernels multiply by (docs/contract.md §3.3, §3.5), a finite normal number:
 // about 2.9e-39 <= scale <= 8.5e37. Outside, the reciprocal is inf (every
 // value saturates) or subnormal (every value rounds to zero).
 m3qkv_status check_scale(Ctx c, const char* name, float v) {
@@ -341,7 +341,7 @@ Epilogue epilogue_view(const A& a) {
                   a.kv_head_stride};
 }
 
-// Head counts (SPEC §2); *n_out = N = (nq + 2·nkv + niq + nik)·128.
+// Head counts (docs/contract.md §2.1); *n_out = N = (nq + 2·nkv + niq + nik)·128.
 m3qkv_status check_heads(Ctx c, const Epilogue& e, int64_t* n_out) {
   M3QKV_TRY(at_least(c, "nq", e.nq, 1));
   M3QKV_TRY(at_least(c, "nkv", e.nkv, 1));
@@ -379,15 +379,15 @@ m3qkv_status check_cache(Ctx c, const char* stride_name, int64_t stride, const c
   M3QKV_TRY(at_least(c, pages_name, pages, 1));
   int64_t bytes = 0;
   if (!__builtin_mul_overflow(pages, stride, &bytes)) return M3QKV_SUCCESS;
-  // The name of the product only for the message: two snprintf per call on
-  // the success path were ~35 % of validate_fused's CPU time (perf, 0.84 µs).
+  // The name of the product only for the message: an snprintf per cache on
+  // the success path would be about a third of validate_fused's CPU time.
   char what[96];
   std::snprintf(what, sizeof(what), "%s*%s (cache bytes)", pages_name, stride_name);
   return product(c, what, {pages, stride}, &bytes);
 }
 
 // ---------------------------------------------------------------------------
-// Cache formats (issue 13, SPEC §4b): kv_cache_dtype / index_cache_dtype,
+// Cache formats (docs/contract.md §4.3): kv_cache_dtype / index_cache_dtype,
 // v_cache, kv_token_stride, kv_head_stride. Kept in one block, called from the
 // epilogue checks below at the step each rule belongs to.
 //
@@ -597,7 +597,7 @@ m3qkv_status check_epilogue_scalars(Ctx c, const Epilogue& e, int64_t* n_out) {
   M3QKV_TRY(check_eps(c, e.eps));
   // q_fp8_scale only matters when the fp8 q output is requested.
   if (e.q_fp8_out != nullptr) M3QKV_TRY(check_scale(c, "q_fp8_scale", e.q_fp8_scale));
-  // The KV scales are not used by a BF16 KV cache (SPEC §4b).
+  // The KV scales are not used by a BF16 KV cache (docs/contract.md §4.3).
   if (e.kv_cache_dtype != M3QKV_CACHE_BF16) {
     M3QKV_TRY(check_scale(c, "k_scale", e.k_scale));
     M3QKV_TRY(check_scale(c, "v_scale", e.v_scale));

@@ -1,4 +1,4 @@
-// Full argument validation of the four entry points (SPEC §2, §6, §8).
+// Full argument validation of the four entry points (docs/contract.md §2, §5.2, §7.2).
 // Launches nothing and touches no device memory.
 #pragma once
 

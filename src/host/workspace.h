@@ -33,9 +33,9 @@ constexpr size_t kSplitkCounterBytesMax = kGridSyncOffset;
 //    allocated; the rest holds whatever earlier calls left. A stream's own
 //    workspace is zeroed by a cudaMemsetAsync on that stream (only launches
 //    on it use the buffer, so stream order suffices): a direct call never
-//    waits on the host for device work, which a waiting zeroing on a side
-//    stream did (a round trip on each new stream's first call, and a wait
-//    that the stream tests forbid). A capture workspace is zeroed on
+//    waits on the host for device work, as zeroing on a side stream and
+//    waiting for it would (a round trip on each new stream's first call, and
+//    a wait that the stream tests forbid). A capture workspace is zeroed on
 //    m3qkv's own stream and synchronously (a memset captured in the graph
 //    would run on every replay; its graphs may be replayed on any stream),
 //    so a first call under capture waits for that zeroing.
@@ -61,12 +61,11 @@ m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
 // (common/splitk_plan.h): the arrival counters in the zeroed head
 // (plan.counter_bytes of it; the kernels leave them zero) and the partial
 // slots from kSplitkPartialsOffset, past the head, so that nothing but
-// counters is ever written into the head. (Until 2026-12-01 the partials
-// began right after the plan's own counters: a later plan with more
-// counters on the same stream, e.g. TP2 at M <= 128 and then M 129..256,
-// 256 and 512 counter bytes, found counters dirty with partial sums, and
-// its last-arriver test `arrived == split - 1` never fired.) Both null when
-// the plan does not split. `fn` names the launcher in the message of a plan
+// counters is ever written into the head: partials right after one plan's
+// counters would leave a later plan with more counters on the same stream
+// (e.g. TP2 at M <= 128, then M 129..256) counters dirty with partial sums,
+// and its last-arriver test `arrived == split - 1` would never fire. Both
+// null when the plan does not split. `fn` names the launcher in the message of a plan
 // whose counters outgrow the head.
 constexpr size_t kSplitkPartialsOffset = kWorkspaceZeroBytes;
 inline size_t splitk_workspace_bytes(const splitk::Plan& plan) {

@@ -1,5 +1,5 @@
 // Standalone epilogue (m3qkv_qknorm_rope_kv_insert): RMSNorm + RoPE + q
-// outputs + cache insert (any format of SPEC §4 / §4b) on a bf16 projection,
+// outputs + cache insert (any format of docs/contract.md §4.2 / §4.3) on a bf16 projection,
 // float(bf16) in.
 //
 // One pass, every lane busy, in one of the lane layouts the plan picks
@@ -27,9 +27,10 @@
 //    lanes than the q / index_q heads and run them first: 32 and 8 lanes,
 //    16 and 8 lanes.
 //
-// Bytes one call must move (bench/RESULTS.md, "insert"): M·N·2 (qkv) + M·24
-// (position, slot, index slot) + M·128 (the cos/sin row) + the outputs
-// M·nq·128·(2 [q_out] + 1 [q_fp8_out]) + M·niq·128 + the cache tokens:
+// Bytes one call must move (the bound of the insert_<fmt> bench entries,
+// bench/README.md): M·N·2 (qkv) + M·24 (position, slot, index slot) + M·128
+// (the cos/sin row) + the outputs M·nq·128·(2 [q_out] + 1 [q_fp8_out]) +
+// M·niq·128 + the cache tokens:
 // NVFP4 M·(2·nkv + nik)·72, FP8 M·(2·nkv + nik)·128, BF16 M·(2·nkv + nik)·256.
 #include "common/epilogue_warp.cuh"
 #include "portable/kernels.cuh"
@@ -136,13 +137,12 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
   }
 }
 
-// The guess (kGuess) took the small-M calls ~0.4-0.5 µs faster on the H200
-// (NVFP4 TP1 M = 1: 2.17 -> 1.65 µs) and the 8-lane kernel's FP8 / BF16 mid
-// M 5-9 % faster. The split c16q8 kernel has both instances, with the
-// same registers since v15 (63, sm_90a; the norm sums' words by shuffles,
-// epilogue_warp.cuh): the guess is faster with few rows, slower with many
-// (TP1 M = 1024 NVFP4: 17.81 against 16.64 µs in one run), and the plan
-// picks (portable/plan.h; bench/RESULTS.md v14, v15).
+// The guess (kGuess, epi::row_guess) reads each row's slot and position
+// before the PDL wait, so the cos / sin words load in the first round after
+// it: at small M the dependent load rounds after the wait are the call's
+// latency; the 8-lane kernel's FP8 / BF16 mid-M calls gain too. The split c16q8 kernel has both instances at the same registers:
+// the guess is faster with few rows, slower with many, and the plan picks
+// (portable/plan.h: insert_nvfp4_c16q8 against insert_nvfp4_c16q8g).
 __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_warp_kernel(const InsertParams p) {
   insert_lane_rows<32, 32, true>(p);
 }

@@ -25,46 +25,41 @@ inline unsigned plan_grid(int64_t items, int64_t per_block, int32_t override_gri
 // head) items, one item per warp, in one of six lane layouts (below).
 constexpr int kInsertThreads = 128;    // 4 warps
 constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 token rows, a quad per row
-// Lane layouts of the insert, read off the H200 by head rows per SM R =
-// m·heads / SMs (bench/RESULTS.md v15: insert_<fmt>_quad / _warp / _l8 /
-// _c32q8 / _c16q8 / _c16q8g forced, every TP, M 1-4096, all in one run,
-// figures below in µs from it). A quad per row gives the fewest instructions
-// per row, but a lane's chain of 32 values is the call's latency when there
-// are too few rows to hide it; more lanes per row shorten the chain (8-lane
-// rows: 16 values, warp rows: 4) at more instructions per row (each lane of a
-// class repeats the class's norm sum). The split layouts give the cache heads
-// (k, v, index_k) more lanes than the q / index_q heads: with NVFP4 caches
-// their group scales make theirs the longest chains. Since every lane-row
-// kernel fits 8 CTAs per SM (63-64 registers, v15) the split layouts lead
-// through mid R; what remains is the wave count of each form (quad rows: 5
-// CTAs per SM at 90 registers, 8 rows per warp).
-//  * FP8 / BF16 KV: warp rows up to kInsertWarpRowsPerSmFlat (TP8 M = 64,
-//    5.8 per SM: 1.59 / c32q8 1.69); NVFP4 KV never (c32q8 within 0.04 of
-//    them at R <= 3, ahead at TP1 / TP2 / TP4 M = 1).
-//  * Split c32q8 up to kInsertC32Q8RowsPerSm (TP4 M = 512, 78 per SM: NVFP4
-//    3.51 / c16q8 4.27, FP8 3.39 / c16q8 + guess 3.68; TP1 M = 128, 75 per
-//    SM: NVFP4 3.22 / 3.76, FP8 2.90 / quad 3.57).
-//  * Above it, FP8 / BF16: quad rows up to kInsertQuadBandRowsPerSm, where
-//    they fill one wave and the split layouts spill into a second (R ~ 150:
-//    TP4 M = 1024 quad 5.80 / c32q8 6.11 / c16q8 6.13; TP1 M = 256 4.71 /
-//    4.96 / 5.02), then split c16q8 up to kInsertShortChainRowsPerSmFlat
-//    (TP1 M = 2048, 1195 per SM: 29.54 / 8-lane 30.93 / quad 32.18), quad
-//    rows above, where the call is bandwidth-bound. NVFP4: split c16q8 up to
-//    kInsertShortChainRowsPerSmNvfp4 (TP1 M = 1024, 597 per SM: 16.64 /
-//    8-lane 17.73 / quad 18.63), quad rows above (TP1 M = 4096, 2390 per SM:
-//    59.10 / 8-lane 62.42 / c16q8 67.10).
+// Lane layouts of the insert, chosen by head rows per SM R = m·heads / SMs.
+// A quad per row gives the fewest instructions per row, but a lane's chain
+// of 32 values is the call's latency when there are too few rows to hide it;
+// more lanes per row shorten the chain (8-lane rows: 16 values, warp rows: 4)
+// at more instructions per row (each lane of a class repeats the class's
+// norm sum). The split layouts give the cache heads (k, v, index_k) more
+// lanes than the q / index_q heads: with NVFP4 caches their group scales
+// make theirs the longest chains. Every lane-row kernel fits 8 CTAs per SM,
+// quad rows 5 (90 registers, 8 rows per warp), so at large R the wave count
+// of each form decides. Each threshold sits at the crossover of the forced
+// layouts in the bench (insert_<fmt>_quad / _warp / _l8 / _c32q8 / _c16q8 /
+// _c16q8g beside insert_<fmt>, bench/README.md); the entry named is the
+// point that fixes it:
+//  * kInsertWarpRowsPerSmFlat: FP8 / BF16 KV in warp rows up to
+//    insert_fp8_warp/TP:8/M:64 (R 5.8); NVFP4 KV never (insert_nvfp4_c32q8
+//    as fast at R <= 3 and faster at M = 1 of TP1 / TP2 / TP4).
+//  * kInsertC32Q8RowsPerSm: split c32q8 up to insert_<fmt>_c32q8/TP:4/M:512
+//    (R 78) and /TP:1/M:128 (R 75).
+//  * kInsertQuadBandRowsPerSm: above that, FP8 / BF16 in quad rows while they
+//    fill one wave and the split layouts spill into a second
+//    (insert_fp8_quad/TP:4/M:1024, /TP:1/M:256, R ~ 150).
+//  * kInsertShortChainRowsPerSmFlat / _Nvfp4: split c16q8 up to
+//    insert_fp8_c16q8/TP:1/M:2048 (R 1195) / insert_nvfp4_c16q8/TP:1/M:1024
+//    (R 597), quad rows above, where the call is bandwidth-bound
+//    (insert_nvfp4_quad/TP:1/M:4096).
 //  * Cache-heavy layouts (cache heads >= 1/4 of the heads: TP8's 3 of 12):
-//    split c32q8 only up to kInsertC32Q8RowsPerSmHeavy (TP8 M = 256, 23 per
-//    SM: NVFP4 2.08 / c16q8 + guess 2.33), then split c16q8 with the guess
-//    up to kInsertC16Q8GuessRowsPerSmHeavy (TP8 M = 1024, 93 per SM: NVFP4
-//    5.10 / c32q8 5.24 / c16q8 5.25; M = 512: 2.96 / 3.14 / 3.15), split c16q8
-//    above (TP8 M = 2048, 186 per SM: NVFP4 7.39 / guess 7.63), FP8 / BF16
-//    8-lane rows above kInsertQuadBandRowsPerSm (TP8 M = 4096, 372 per SM:
-//    10.75 / c16q8 11.25).
+//    kInsertC32Q8RowsPerSmHeavy, split c32q8 up to
+//    insert_nvfp4_c32q8/TP:8/M:256 (R 23); kInsertC16Q8GuessRowsPerSmHeavy,
+//    split c16q8 with the guess up to insert_nvfp4_c16q8g/TP:8/M:1024 (R 93);
+//    split c16q8 above (insert_nvfp4_c16q8/TP:8/M:2048); FP8 / BF16 8-lane
+//    rows above kInsertQuadBandRowsPerSm (insert_fp8_l8/TP:8/M:4096).
 //  * The guess before griddepcontrol.wait (insert.cu, epi::row_guess) is in
-//    every lane-row kernel; split c16q8 also has an instance without it, the
-//    faster one at R >= ~150 with the same registers (TP1 M = 1024 NVFP4:
-//    16.64 / 17.81 µs; TP8 M = 2048 above).
+//    every lane-row kernel; split c16q8 also has an instance without it,
+//    which wins at R >= ~150 with the same registers
+//    (insert_nvfp4_c16q8/TP:1/M:1024 against insert_nvfp4_c16q8g).
 constexpr int64_t kInsertWarpRowsPerSmFlat = 6;
 constexpr int64_t kInsertC32Q8RowsPerSm = 80;
 constexpr int64_t kInsertC32Q8RowsPerSmHeavy = 25;

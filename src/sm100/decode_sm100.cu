@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(m3qkv::sm100::decode::DecodeConfig<NT>::kNumTh
     // prefetch delivers nothing to the SM and a later load of a line the
     // predecessor rewrote sees the new bytes. Only with PDL: without it the
     // wait returns at once and the prefetch would queue in front of the loads
-    // (seen on the SM90 decode kernel, docs/sm90_decode.md).
+    // (seen on the SM90 decode kernel, docs/sm90.md).
     if (p.l2_prefetch != 0 && static_cast<int>(blockIdx.x) < p.units) {
       const splitk::Unit w = unit_of(p, static_cast<int>(blockIdx.x));
       const int k_end = w.k1 < w.k0 + static_cast<int>(C::kStages) ? w.k1 : w.k0 + static_cast<int>(C::kStages);

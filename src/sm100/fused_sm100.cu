@@ -1,5 +1,5 @@
 // m3qkv_sm100_fused_kernel: the SM100-family (tcgen05) fused MXFP8 QKV
-// projection + epilogue (SPEC §5). Persistent, warp-specialized:
+// projection + epilogue (docs/sm100.md). Persistent, warp-specialized:
 //
 //   warp 0      TMA producer (one elected lane): A, B, SFA, SFB per stage
 //   warp 1      TMEM allocator + MMA issuer (one elected lane; leader CTA only at CG 2)

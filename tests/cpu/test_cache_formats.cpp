@@ -1,4 +1,4 @@
-// The FP8 / BF16 cache formats of SPEC §4b in the golden model:
+// The FP8 / BF16 cache formats of docs/contract.md §4.3 in the golden model:
 //  - hand-worked bytes of the per-row encoders (fp8_head, bf16_head): scale
 //    multiply by RN(1/scale), saturation, rounding ties, subnormals, -0, NaN,
 //    and the unit-scale index path that multiplies by nothing;
@@ -6,7 +6,7 @@
 //    (token-major, head-major, padded rows, interleaved K/V, padded pages),
 //    every cache byte checked against values encoded from first principles
 //    (tests/common/ref_e4m3.h, a nearest-candidate bf16 below) at offsets typed
-//    from the SPEC formula here, and every other byte still the poison.
+//    from the contract's formula here, and every other byte still the poison.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -97,7 +97,7 @@ TEST(FlatEncoders, Fp8ScaledHandWorkedBytes) {
   for (int c = n; c < 128; ++c) EXPECT_EQ(out[c], 0x00) << c;
 }
 
-// The scale is applied as value · RN(1/scale), not value / scale (SPEC §4b,
+// The scale is applied as value · RN(1/scale), not value / scale (docs/contract.md §4.3,
 // the rule of q_fp8_out). k_scale = 7: RN(1/7) = 0x3E124925 = 0.142857149...;
 // 10.9375 / 7 = 1.5625 exactly, a tie of 1.5 (m 4, even) and 1.625 (m 5), so a
 // division would store 0x3C; 10.9375 · RN(1/7) = 1.56250007 rounds to the f32
@@ -172,7 +172,7 @@ struct Layout {
   int64_t page_extra;  // added to the natural page stride
 };
 
-// The K/V element offset of SPEC §4b, typed here again.
+// The K/V element offset of docs/contract.md §4.3, typed here again.
 int64_t spec_kv_offset(const Problem& p, int64_t slot, int h, int c) {
   const int64_t page = slot / p.block_size, t = slot % p.block_size;
   return page * p.kv_page_stride + t * p.kv_token_stride + h * p.kv_head_stride + c * p.kv_elem();

@@ -42,14 +42,14 @@ double bf16v(uint16_t h) { return double(fbits(uint32_t(h) << 16)); }
 // First-principles reference: tests/common/ref_e4m3.h.
 using m3qkv_test::ref_e4m3_encode;
 using m3qkv_test::ref_e4m3_value;
-// SPEC §4 F8_128x4, typed again here from the SPEC text.
+// docs/contract.md §4.1 F8_128x4, typed again here from the contract's text.
 int64_t ref_sf_offset(int64_t r, int64_t c, int64_t cols) {
   const int64_t kt = (cols + 3) / 4;
   return ((r / 128) * kt + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
 }
 
 // An MXFP8 operand decoded from first principles (table of ref_e4m3_value,
-// scales through the SPEC-typed swizzle formula): f64 [rows, k].
+// scales through the contract-typed swizzle formula): f64 [rows, k].
 std::vector<double> ref_decode(const std::vector<uint8_t>& q, const std::vector<uint8_t>& sf, int64_t rows, int64_t k) {
   double lut[256];
   for (int c = 0; c < 256; ++c) lut[c] = ref_e4m3_value(c);
@@ -189,7 +189,7 @@ TEST(HeadRmsRope, HandWorkedBits) {
   for (int i = 2; i < 32; ++i) EXPECT_EQ(bits(y[i]), 0u) << i;  // 0·0 - 0·0 = +0
 }
 
-// SPEC §3.1-3.2 transcribed literally (explicit std::fma, the four classes in
+// docs/contract.md §3.1-3.2 transcribed literally (explicit std::fma, the four classes in
 // their own loops): the golden model must match it bit for bit.
 void spec_rms_rope_f32(const float* x, const uint16_t* w, float eps, const uint16_t* cs, float* y) {
   float s[4];
@@ -485,7 +485,7 @@ TEST(Decode, HandPlacedTokenBytes) {
 }
 
 // ---------------------------------------------------------- end to end
-// Independent f64 epilogue (SPEC §3 in real arithmetic) on an f64 accumulator.
+// Independent f64 epilogue (docs/contract.md §3 in real arithmetic) on an f64 accumulator.
 void ref_head_f64(const double* x, const uint16_t* w, double eps, const uint16_t* cs, double* y) {
   double ss = 0;
   for (int c = 0; c < 128; ++c) ss += x[c] * x[c];

@@ -1,5 +1,5 @@
 // Layout formulas of common/layouts.h against offsets computed by hand from
-// SPEC §4 (each expected number is worked out in the comment next to it).
+// docs/contract.md §4 (each expected number is worked out in the comment next to it).
 #include <gtest/gtest.h>
 
 #include <set>
@@ -110,7 +110,7 @@ TEST(Nvfp4Cache, SlotBytesTiledOnce) {
   }
 }
 
-// FP8 / BF16 caches (SPEC §4b): K/V element at p·page + t·token + h·head + c·e;
+// FP8 / BF16 caches (docs/contract.md §4.3): K/V element at p·page + t·token + h·head + c·e;
 // index_k at p·page + t·128·e + c·e.
 TEST(FlatCache, HandComputedOffsets) {
   EXPECT_EQ(flat_elem_bytes(kCacheFp8), 1);

@@ -39,7 +39,7 @@ TEST(Sm90Desc, KStepAdvancesStartAddressOnly) {
   EXPECT_EQ(desc_advance(d, 96), make_desc_kmajor_sw128(0x8000u + 96));
 }
 
-// Fragment: lane l holds columns 8j + 2(l%4) + b (ptx/wgmma.cuh). SPEC §3.1's
+// Fragment: lane l holds columns 8j + 2(l%4) + b (ptx/wgmma.cuh). docs/contract.md §3.1's
 // class is (c >> 1) & 3, so each lane's columns form exactly one class, in
 // ascending order as j, b ascend.
 TEST(Sm90Fragment, EveryColumnOfALaneHasClassLaneMod4) {

@@ -1,4 +1,4 @@
-// Validation of the C API (SPEC §2, §6, §8): every rule has a test that the bad
+// Validation of the C API (docs/contract.md §2, §5.2, §7.2): every rule has a test that the bad
 // value is rejected with its status and a message naming the argument and its
 // value; fully valid argument structs pass.
 //
@@ -239,7 +239,7 @@ std::vector<Case<A>> use_pdl_grid_cases() {
   };
 }
 
-// eps and the dequantization scales (SPEC §6): eps > 0, since an all-zero
+// eps and the dequantization scales (docs/contract.md §5.2): eps > 0, since an all-zero
 // head row would give rsqrt(0) = inf and NaN; a scale whose f32 reciprocal is
 // not a finite normal number saturates or zeroes everything it scales.
 template <class A>
@@ -311,7 +311,7 @@ std::vector<Case<A>> overlap_cases(const std::vector<PtrField<A>>& fields) {
 template <class A>
 std::vector<Case<A>> epilogue_cases() {
   std::vector<Case<A>> c = {
-      // Head counts (SPEC §2).
+      // Head counts (docs/contract.md §2.1).
       {"nq_zero", [](A& a) { a.nq = 0; }, kShape, {"nq = 0", ">= 1"}},
       {"nq_negative", [](A& a) { a.nq = -16; }, kShape, {"nq = -16"}},
       {"nkv_zero", [](A& a) { a.nkv = 0; }, kShape, {"nkv = 0"}},
@@ -324,7 +324,7 @@ std::vector<Case<A>> epilogue_cases() {
       {"nik_2", [](A& a) { a.nik = 2; }, kShape, {"nik = 2", "0 or 1"}},
       {"nik_negative", [](A& a) { a.nik = -1; }, kShape, {"nik = -1"}},
       {"too_many_heads", [](A& a) { a.nq = 1 << 17; }, kLarge, {"N = ", "131072"}},
-      // Paged caches (SPEC §2, §4).
+      // Paged caches (docs/contract.md §2.1, §4.2).
       {"block_size_zero", [](A& a) { a.block_size = 0; }, kShape, {"block_size = 0"}},
       {"block_size_negative", [](A& a) { a.block_size = -16; }, kShape, {"block_size = -16"}},
       {"block_size_not_multiple_of_4", [](A& a) { a.block_size = 6; }, kShape,
@@ -835,7 +835,7 @@ TEST(ApiDevice, NoDeviceGivesUnsupportedDevice) {
 }  // namespace
 
 // ---------------------------------------------------------------------------
-// struct_size: any released size of a struct (SPEC §8); fields past it read
+// struct_size: any released size of a struct (docs/contract.md §7.2); fields past it read
 // as defaults.
 // ---------------------------------------------------------------------------
 template <class A>

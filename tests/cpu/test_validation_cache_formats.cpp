@@ -1,4 +1,4 @@
-// Validation of the cache-format fields (issue 13, SPEC §4b): kv_cache_dtype,
+// Validation of the cache-format fields (docs/contract.md §4.3): kv_cache_dtype,
 // index_cache_dtype, v_cache, kv_token_stride, kv_head_stride. Every rule of
 // the "Cache formats" block of the validator has a rejecting case here (status
 // and a message naming the argument and its value, through validate_* and the

@@ -40,7 +40,7 @@ inline void print_seed_once() {
   }
 }
 
-// Head layouts of SPEC §2 used across the GPU tests (nq, nkv, niq, nik). Head
+// Head layouts of docs/contract.md §2.1 used across the GPU tests (nq, nkv, niq, nik). Head
 // counts nq + 2nkv + niq + nik: TP1 77 and TP2 39 are odd (a phantom head at
 // SM100 cta_group 2), TP4 20, TP8 12, dense 20 (GQA without the indexer).
 struct Heads {

@@ -1,4 +1,4 @@
-// FP8 / BF16 KV and index caches (issue 13, SPEC §4b) on the GPU, bit-exact
+// FP8 / BF16 KV and index caches (docs/contract.md §4.3) on the GPU, bit-exact
 // against the golden model, poisoned outputs with both salts (every byte that
 // must be written is, nothing else changes: skipped and past-the-cache slots,
 // other pages, page padding, the gaps between padded rows, the other half of an

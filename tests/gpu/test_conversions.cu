@@ -1,4 +1,4 @@
-// Hardware vs software numerics (SPEC §3.6 and the "faster instructions only
+// Hardware vs software numerics (docs/contract.md §3.6 and §3.8's "faster instructions only
 // where a test proves them identical" rule):
 //  - cvt.rn.satfinite.e4m3x2.f32 and cvt.rn.bf16x2.f32 against the M3_HD
 //    software conversions of common/numerics.h over ALL 2^32 f32 bit patterns,

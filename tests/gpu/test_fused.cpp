@@ -1,4 +1,4 @@
-// m3qkv_fused_qkv on the GPU against the CPU golden model (SPEC §3, §6, §7).
+// m3qkv_fused_qkv on the GPU against the CPU golden model (docs/contract.md §3, §5.3, §3.8).
 //
 //  - GpuFusedExact: exact data (acc is exact on any hardware), every output
 //    byte equal to the golden model, both poison salts, guard zones intact,

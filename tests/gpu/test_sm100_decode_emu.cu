@@ -281,7 +281,7 @@ std::vector<Case> exact_cases() {
   v.push_back({kTP4, 64, 512, 4, 1, 0, 16});
   v.push_back({kTP8, 7, 512, 3, 5, 1, 128});
   v.push_back({kTP2, 128, 256, 2, 7, 0, 16});  // NT = 128: the 4-stage ring wraps across units
-  // Cache formats other than NVFP4 (SPEC §4b) through the same epilogue.
+  // Cache formats other than NVFP4 (docs/contract.md §4.3) through the same epilogue.
   {
     Case c{kTP4, 64, 512, 0, 0, 1, 16};
     c.kv_dtype = 1;

@@ -13,7 +13,7 @@
 //    issue 15 the M = 1 cases at cta_group 1 run the decode variant, which
 //    the API picks for M <= 128 unless cta_group is 2: this sweep then checks
 //    that routing; tests/gpu/test_sm100_decode_emu.cu tests the variant.)
-//  - Sm100EmuCacheFormats: FP8 / BF16 KV and index caches (SPEC §4b), both
+//  - Sm100EmuCacheFormats: FP8 / BF16 KV and index caches (docs/contract.md §4.3), both
 //    cta_groups, interleaved / head-major / padded layouts, mixed with NVFP4.
 //  - Sm100EmuLaunch: back-to-back PDL launches (the successor's prologue,
 //    incl. its TMEM allocation, overlaps the predecessor), grouped-M
@@ -279,7 +279,7 @@ TEST(Sm100EmuLaunch, GroupedMRasterization) {
 }
 
 // ------------------------------------------------------- cache formats
-// FP8 / BF16 KV and index caches (issue 13, SPEC §4b) through the SM100
+// FP8 / BF16 KV and index caches (docs/contract.md §4.3) through the SM100
 // kernel's epilogue (epi::epilogue_head_row on the TMEM row in registers),
 // both cta_groups, exact data, both salts, against the golden model.
 // Layouts: two token-major tensors with padded rows; one interleaved

@@ -592,11 +592,9 @@ TEST_P(GpuStreams, TwoHostThreadsConcurrently) {
 // first one and happens behind the gate, with one hardware queue for every
 // stream (CUDA_DEVICE_MAX_CONNECTIONS=1: the most false sharing between
 // streams a process can have). Any host wait for device work in a launch
-// path then holds the call until the gate's timeout. (Added after the full
-// suite on the H200 timed out TwoHostThreadsConcurrently/auto once, on
-// 2026-12-01, and passed on the next run; the cause is not established. The
-// launch path's only host wait, the zeroing of a new stream workspace, is
-// gone since: workspace.h.)
+// path then holds the call until the gate's timeout (a stream's new
+// workspace is zeroed by a cudaMemsetAsync on that stream, without a host
+// wait: workspace.h).
 TEST(GpuStreamsOneQueue, NoCallWaitsForOtherStreams) {
   M3QKV_REQUIRE_GPU();
   expect_child_passes("DISABLED_GpuStreamsChild.OneQueue", "CUDA_DEVICE_MAX_CONNECTIONS=1");
