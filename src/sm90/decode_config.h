@@ -32,8 +32,8 @@ constexpr int kTransformThreads = kTransformWarps * 32;
 constexpr int kThreads = kConsumerThreads + kWarpgroup;
 static_assert(kTransformWarp0 + kTransformWarps == kThreads / 32, "warpgroup 2 = producer warp + transform warps");
 // setmaxnreg works per warpgroup: at launch 384 threads get 168 registers
-// (65536 / 384, granule 8). Config<NT> splits the file between the consumers
-// (accumulators NT/2 + two A sets of 32 + the epilogue) and warpgroup 2 (the
+// (65536 / 384, granule 8). Config splits them between the consumers
+// (accumulators NT/2 + two A sets of 16 + the epilogue) and warpgroup 2 (the
 // transform's loads and stores); both sides fitted by ptxas without spills.
 constexpr int kLaunchRegs = (65536 / kThreads) & ~7;
 
@@ -87,10 +87,12 @@ struct Config {
   static_assert(XB == kXE4m3 || XB == kXBf16, "activation format");
   static constexpr int kNt = NT;
   static constexpr int kAccRegs = NT / 2;  // f32 accumulators per thread (m64 × NT per warpgroup)
-  // NT = 128: the consumers need 240 (232 spills the epilogue's addresses);
-  // below, 232 leave the transform 48 (32 spill its unit loop at NT = 16).
-  static constexpr int kConsumerRegs = NT >= 128 ? 240 : 232;
-  static constexpr int kWg2Regs = (65536 - kConsumerRegs * kConsumerThreads) / kWarpgroup;
+  // The CTA's pool is what the launch allocated (kLaunchRegs per thread):
+  // setmaxnreg.inc waits until the other warpgroup's dec leaves enough.
+  static constexpr int kConsumerRegs = 216;
+  static constexpr int kWg2Regs = (kLaunchRegs * kThreads - kConsumerRegs * kConsumerThreads) / kWarpgroup / 8 * 8;
+  static_assert(kConsumerRegs * kConsumerThreads + kWg2Regs * kWarpgroup <= kLaunchRegs * kThreads,
+                "setmaxnreg: the increased consumers fit the registers allocated at launch");
   static_assert(kWg2Regs >= 24 && kConsumerRegs % 8 == 0 && kWg2Regs % 8 == 0, "setmaxnreg operand rules");
 
   // ---- shared memory --------------------------------------------------------

@@ -80,13 +80,13 @@ __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
   for (int i = 0; i < N; ++i) wgmma::fence_operand(r[i]);
 }
-__device__ __forceinline__ void fence_regs(uint32_t (&a)[kStepsPerStage][kMmasPerStep][4]) {
+// One A set: the fragments of one 64-K step (4 k16 slices × 4 registers).
+using ASet = uint32_t[kMmasPerStep][4];
+__device__ __forceinline__ void fence_regs(ASet& a) {
 #pragma unroll
-  for (int c2 = 0; c2 < kStepsPerStage; ++c2)
+  for (int s = 0; s < kMmasPerStep; ++s)
 #pragma unroll
-    for (int s = 0; s < kMmasPerStep; ++s)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[c2][s][i])::"memory");
+    for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
 }
 
 // Byte (r, scale column c) of a 512-B F8_128x4 chunk is at
@@ -96,29 +96,26 @@ __device__ __forceinline__ int sf_word_offset(int r) { return (r % 32) * 16 + (r
 // The reduction tile T[NT][128] f32 (splitk::tile_index layout) aliases the B ring.
 using splitk::tile_index;
 
-// The A fragments of one stage: rows r and r + 8, physical bytes [16q, 16q+16)
-// of each 64-K step c2 of the stage's weight tile (row-major, 128 B per row,
-// no swizzle), dequantized with the row's scale of MX block 2·c2 + q/2.
-// a[c2][s] is the fragment of k16 slice s of step c2.
+// The A fragments of step c2 of a stage: rows r and r + 8, physical bytes
+// [16q, 16q+16) of the step in the stage's weight tile (row-major, 128 B per
+// row, no swizzle), dequantized with the row's scale of MX block 2·c2 + q/2.
+// a[s] is the fragment of k16 slice s.
 template <bool kBig>
-__device__ __forceinline__ void load_a_stage(const uint8_t* w_tile, int r, int q, uint32_t sw_r, uint32_t sw_r8,
-                                             uint32_t (&a)[kStepsPerStage][kMmasPerStep][4]) {
+__device__ __forceinline__ void load_a_step(const uint8_t* w_tile, int c2, int r, int q, uint32_t sw_r, uint32_t sw_r8,
+                                            ASet& a) {
+  const uint4 wr = *reinterpret_cast<const uint4*>(w_tile + r * kBK + 64 * c2 + 16 * q);
+  const uint4 wr8 = *reinterpret_cast<const uint4*>(w_tile + (r + 8) * kBK + 64 * c2 + 16 * q);
+  const int blk = 2 * c2 + q / 2;
+  const Pow2Bf16 fr = make_pow2_bf16((sw_r >> (8 * blk)) & 0xffu);
+  const Pow2Bf16 fr8 = make_pow2_bf16((sw_r8 >> (8 * blk)) & 0xffu);
+  const uint32_t vr[4] = {wr.x, wr.y, wr.z, wr.w};
+  const uint32_t vr8[4] = {wr8.x, wr8.y, wr8.z, wr8.w};
 #pragma unroll
-  for (int c2 = 0; c2 < kStepsPerStage; ++c2) {
-    const uint4 wr = *reinterpret_cast<const uint4*>(w_tile + r * kBK + 64 * c2 + 16 * q);
-    const uint4 wr8 = *reinterpret_cast<const uint4*>(w_tile + (r + 8) * kBK + 64 * c2 + 16 * q);
-    const int blk = 2 * c2 + q / 2;
-    const Pow2Bf16 fr = make_pow2_bf16((sw_r >> (8 * blk)) & 0xffu);
-    const Pow2Bf16 fr8 = make_pow2_bf16((sw_r8 >> (8 * blk)) & 0xffu);
-    const uint32_t vr[4] = {wr.x, wr.y, wr.z, wr.w};
-    const uint32_t vr8[4] = {wr8.x, wr8.y, wr8.z, wr8.w};
-#pragma unroll
-    for (int s = 0; s < kMmasPerStep; ++s) {
-      a[c2][s][0] = dequant_e4m3_lo_pair<kBig>(vr[s], fr);    // row r,     logical 2q, 2q+1
-      a[c2][s][1] = dequant_e4m3_lo_pair<kBig>(vr8[s], fr8);  // row r + 8
-      a[c2][s][2] = dequant_e4m3_hi_pair<kBig>(vr[s], fr);    // row r,     logical 2q+8, 2q+9
-      a[c2][s][3] = dequant_e4m3_hi_pair<kBig>(vr8[s], fr8);  // row r + 8
-    }
+  for (int s = 0; s < kMmasPerStep; ++s) {
+    a[s][0] = dequant_e4m3_lo_pair<kBig>(vr[s], fr);    // row r,     logical 2q, 2q+1
+    a[s][1] = dequant_e4m3_lo_pair<kBig>(vr8[s], fr8);  // row r + 8
+    a[s][2] = dequant_e4m3_hi_pair<kBig>(vr[s], fr);    // row r,     logical 2q+8, 2q+9
+    a[s][3] = dequant_e4m3_hi_pair<kBig>(vr8[s], fr8);  // row r + 8
   }
 }
 
@@ -298,46 +295,49 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
   });
 }
 
-// One stage of the consumers (both 64-K steps): A set `a` dequantized from the
-// stage's weights, the raw stage released, the B slot awaited, 8 wgmmas; then
-// the wait that retires the previous stage's group, the release of that
-// group's B slot and the fence that keeps the previous A set alive until then.
+// One stage of the consumers, one 64-K step at a time with two A sets (one
+// per step): step c2's set is dequantized while the previous step's 4 wgmmas
+// run; wait_group 1 after each commit retires the step before. The raw stage
+// is released once both steps' weights are read, the previous stage's B slot
+// once its last step retired (the first wait of this stage).
 template <int NT, int XB>
 __device__ __forceinline__ void consume_stage(const uint8_t* st, uint32_t smem_s, uint32_t empty, uint32_t bfull,
                                               uint32_t bfull_parity, uint32_t slot, int& pending, uint32_t bempty0,
-                                              int r, int q, bool first, float (&acc)[NT / 2],
-                                              uint32_t (&a)[kStepsPerStage][kMmasPerStep][4],
-                                              uint32_t (&a_prev)[kStepsPerStage][kMmasPerStep][4]) {
+                                              int r, int q, bool first, float (&acc)[NT / 2], ASet& a0, ASet& a1) {
   using C = Config<NT, XB>;
   const uint32_t sw_r = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r));
   const uint32_t sw_r8 = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r + 8));
   // Scales above 2^7 need a second multiply: a warp-uniform choice, so the
   // common case issues one multiply per pair (MXFP8 scales sit near 2^-8).
-  if (__any_sync(0xffffffffu, any_big_scale(sw_r) || any_big_scale(sw_r8)))
-    load_a_stage<true>(st + C::kWOff, r, q, sw_r, sw_r8, a);
-  else
-    load_a_stage<false>(st + C::kWOff, r, q, sw_r, sw_r8, a);
-  // Every read of the raw stage by this thread is done.
-  ptx::mbarrier_arrive(empty);
-  ptx::mbarrier_wait(bfull, bfull_parity);
+  const bool big = __any_sync(0xffffffffu, any_big_scale(sw_r) || any_big_scale(sw_r8));
   const uint64_t db = wgmma::make_desc_kmajor_sw128(smem_s + C::kRingOff + slot * C::kBSlotBytes);
-  // No register fence on acc inside the unit: its only writers are the wgmmas,
-  // so a fence here would "define" registers of a group in flight and
-  // serialize it (ptxas C7515).
-  wgmma::fence_sync_aligned();
 #pragma unroll
-  for (int c2 = 0; c2 < kStepsPerStage; ++c2)
+  for (int c2 = 0; c2 < kStepsPerStage; ++c2) {
+    ASet& a = c2 == 0 ? a0 : a1;
+    if (big)
+      load_a_step<true>(st + C::kWOff, c2, r, q, sw_r, sw_r8, a);
+    else
+      load_a_step<false>(st + C::kWOff, c2, r, q, sw_r, sw_r8, a);
+    if (c2 == kStepsPerStage - 1) ptx::mbarrier_arrive(empty);  // this thread's reads of the raw stage are done
+    if (c2 == 0) ptx::mbarrier_wait(bfull, bfull_parity);
+    // No register fence on acc inside the unit: its only writers are the
+    // wgmmas, so a fence here would "define" registers of a group in flight
+    // and serialize it (ptxas C7515).
+    wgmma::fence_sync_aligned();
 #pragma unroll
     for (int s = 0; s < kMmasPerStep; ++s)
-      mma_rs<NT>(acc, a[c2][s], wgmma::desc_advance(db + c2 * (C::kBBufBytes >> 4), 32 * s),
+      mma_rs<NT>(acc, a[s], wgmma::desc_advance(db + c2 * (C::kBBufBytes >> 4), 32 * s),
                  (first && c2 == 0 && s == 0) ? 0u : 1u);
-  wgmma::commit_group_sync_aligned();
-  wgmma::wait_group_sync_aligned<1>();
-  // The previous stage's group is retired: its B slot goes back to the
-  // transform, its A set may be rewritten.
-  if (pending >= 0) ptx::mbarrier_arrive(bempty0 + 8 * static_cast<uint32_t>(pending));
-  pending = static_cast<int>(slot);
-  fence_regs(a_prev);
+    wgmma::commit_group_sync_aligned();
+    wgmma::wait_group_sync_aligned<1>();
+    if (c2 == 0) {
+      // The previous stage's last group retired: its B slot goes back to the transform.
+      if (pending >= 0) ptx::mbarrier_arrive(bempty0 + 8 * static_cast<uint32_t>(pending));
+      pending = static_cast<int>(slot);
+    }
+    // The group before this one retired: the other set may be rewritten.
+    fence_regs(c2 == 0 ? a1 : a0);
+  }
 }
 
 template <int NT, int XB>
@@ -353,28 +353,24 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
   Ring<C::kStages> ring;
   uint32_t g = 0;    // stages walked by this CTA: B slot g % kBSlots
   int pending = -1;  // B slot of the previous stage, released after its group retires
-  // The two A sets alternate by stage (compile-time names: the stage loop is
-  // unrolled by two). A set stays live until the wait that retires its group.
-  uint32_t a0[kStepsPerStage][kMmasPerStep][4], a1[kStepsPerStage][kMmasPerStep][4];
+  // The two A sets (steps 0 and 1 of every stage). A set stays live until the
+  // wait that retires its group.
+  ASet a0, a1;
   int units = 0, lasts = 0;
   for (int u = blockIdx.x; u < p.units; u += gridDim.x) {
     const splitk::Unit w = unit_of(p, u);
     float acc[C::kAccRegs];  // the unit's first wgmma ignores D (scale_d = 0)
-    auto stage = [&](int kb, auto& a, auto& a_prev) {
+    auto stage = [&](int kb) {
       ptx::mbarrier_wait(b.full0 + 8 * ring.idx, ring.phase);
       if (t == 0 && units == 0 && kb == w.k0) trace_event(p, kTrFirstFull);
       const uint32_t slot = g % C::kBSlots;
       consume_stage<NT, XB>(smem + C::kStageOff + ring.idx * C::kStageBytes, smem_s, b.empty0 + 8 * ring.idx,
                             b.bfull0 + 8 * slot, (g / C::kBSlots) & 1u, slot, pending, b.bempty0, r, q, kb == w.k0,
-                            acc, a, a_prev);
+                            acc, a0, a1);
       ring.advance();
       ++g;
     };
-    // Every unit starts with set a0: the previous unit's wait_group 0 retired both.
-    for (int kb = w.k0; kb < w.k1; kb += 2) {
-      stage(kb, a0, a1);
-      if (kb + 1 < w.k1) stage(kb + 1, a1, a0);
-    }
+    for (int kb = w.k0; kb < w.k1; ++kb) stage(kb);
     wgmma::wait_group_sync_aligned<0>();
     fence_regs(acc);
     fence_regs(a0);
