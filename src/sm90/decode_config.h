@@ -18,9 +18,9 @@ namespace m3qkv::sm90::decode {
 // side; wgmma needs warpgroups at warp indices that are multiples of 4). They
 // dequantize the weights straight into A-fragment registers and issue wgmma.
 // Warpgroup 2: warp 8 is the TMA producer (one elected lane), warps 9-11 the
-// activation transform: raw x (e4m3 + scales, or bf16) of a stage -> the bf16
-// B tile in the K order of the A fragments. Moving x off the consumers lets
-// their weight dequantization overlap the previous stage's wgmma.
+// activation transform of e4m3 activations: raw x (e4m3 + scales) of a stage
+// -> the bf16 B tile of a B slot. bf16 activations are TMA-written straight
+// into the B layout: no transform.
 constexpr int kWarpgroup = 128;
 constexpr int kConsumerWarpgroups = 2;
 constexpr int kConsumerThreads = kConsumerWarpgroups * kWarpgroup;
@@ -51,16 +51,17 @@ constexpr int kBarrierNamed = 1;    // bar.sync id of the consumer warpgroups (0
 static_assert(kBK == 4 * kMxBlock, "one F8_128x4 chunk (4 scale columns) per stage");
 static_assert(kStepK * 2 == 128, "a step's bf16 token row is one 128-byte swizzle row");
 
-// The K permutation inside a 64-K step (decode_sm90.cu, "K permutation"),
-// written as formulas the CPU test (tests/cpu/test_decode_plan.cpp) checks
-// against the PTX A-fragment layout. Quad lane q holds physical weight bytes
-// [16q, 16q + 16) of its rows; element e (0..7) of its A fragment for k16
-// step s is physical byte decode_a_byte(q, s, e) of row r + 8·((e / 2) % 2).
-constexpr int decode_a_byte(int q, int s, int e) { return 16 * q + 4 * s + 2 * (e / 4) + (e % 2); }
-// The logical column (0..63 within the step: k16 step = column / 16) that
-// physical K index p feeds, in A as in B: the transform writes activation
-// element p of a token to this column of its bf16 row.
-constexpr int decode_logical_col(int p) { return 16 * ((p % 16) / 4) + 8 * ((p % 4) / 2) + 2 * (p / 16) + p % 2; }
+// Operand tiles in shared memory are TMA-written with the 128-byte swizzle:
+// 16-B unit u of a 128-B row n sits at unit u ^ (n % 8). The B operand (the
+// activations, K-major) is what the wgmma descriptor reads in that layout; the
+// weight tile uses it so that the 8 rows of a warp's A-fragment loads hit 8
+// different bank groups. CPU-checked in tests/cpu/test_decode_plan.cpp.
+constexpr int sw128_offset(int row, int byte) { return row * 128 + ((((byte >> 4) ^ (row & 7)) & 7) << 4) + (byte & 15); }
+// The A fragment of wgmma m64nNk16 (PTX ISA, register fragments of wgmma):
+// element e (0..7) of lane l is row l/4 + 8·((e/2) % 2), K column
+// 8·(e/4) + 2·(l % 4) + e % 2 of the k16 slice. In K order, so lane q = l % 4
+// of a row loads the byte pairs at 16s + 2q and 16s + 2q + 8 of slice s.
+constexpr int a_fragment_byte(int q, int s, int e) { return 16 * s + 8 * (e / 4) + 2 * q + (e % 2); }
 
 // Activation formats of the raw stage (template parameter XB = bytes per element).
 constexpr int kXE4m3 = 1;  // xq (e4m3) + xsf: one TMA box of 128 K, the scale chunk by bulk copy
@@ -96,14 +97,16 @@ struct Config {
   static_assert(kWg2Regs >= 24 && kConsumerRegs % 8 == 0 && kWg2Regs % 8 == 0, "setmaxnreg operand rules");
 
   // ---- shared memory --------------------------------------------------------
-  // [B ring: kBSlots × 2 steps × NT × 128 B, its first NT × 512 B aliased by the reduction tile T]
+  // [e4m3: B ring, kBSlots × 2 steps × NT × 128 B, its first NT × 512 B aliased by the reduction
+  //  tile T; bf16: T alone (the B operand is the raw stage's X)]
   // [stages × (W: 128 × 128 e4m3 | X: NT × 128 × XB | wsf chunk | xsf chunk (e4m3 only))]
   // [full | empty | bfull | bempty | tfree | unit flag word]
+  static constexpr bool kTransform = XB == kXE4m3;
   static constexpr int kBBufBytes = NT * kStepK * 2;                 // one 64-K step of the bf16 B tile
   static constexpr int kBSlotBytes = kStepsPerStage * kBBufBytes;    // one stage
-  static constexpr int kBSlots = NT >= 128 ? 2 : 3;                  // 2 keep 4 e4m3 stages at NT = 128
-  static constexpr int kRingBytes = kBSlots * kBSlotBytes;
+  static constexpr int kBSlots = !kTransform ? 0 : NT >= 128 ? 2 : 3;  // 2 keep 4 e4m3 stages at NT = 128
   static constexpr int kTileBytes = NT * kHeadRows * 4;  // reduction tile T
+  static constexpr int kRingBytes = kTransform ? kBSlots * kBSlotBytes : kTileBytes;
   static_assert(kRingBytes >= kTileBytes, "T fits in the B ring it aliases");
   static constexpr int kWBytes = kHeadRows * kBK;
   static constexpr int kXHalfBytes = NT * kStepK * XB;  // bf16: one TMA box of 64 K; e4m3: half the box
@@ -134,17 +137,18 @@ struct Config {
   static constexpr int kTFreeOff = kBEmptyOff + 8 * 3;
   static constexpr int kFlagOff = kTFreeOff + 8;
   static_assert(kFlagOff + 16 <= kBarrierBytes, "barrier block");
-  // Arrivals: a raw stage is read by every consumer (W, wsf) and every
-  // transform thread (X, xsf); a B slot is written by every transform thread
-  // and released by every consumer once its wgmma group retired. Each thread
-  // arrives for its own accesses (compute-sanitizer racecheck does not model
-  // __syncwarp-ordered single arrivals).
-  static constexpr int kEmptyArrivals = kConsumerThreads + kTransformThreads;
+  // Arrivals: a raw stage is read by every consumer (W, wsf; with bf16
+  // activations also X, through wgmma: released once that group retired) and
+  // every transform thread (X, xsf); a B slot is written by every transform
+  // thread and released by every consumer once its wgmma group retired. Each
+  // thread arrives for its own accesses (compute-sanitizer racecheck does not
+  // model __syncwarp-ordered single arrivals).
+  static constexpr int kEmptyArrivals = kConsumerThreads + (kTransform ? kTransformThreads : 0);
   static constexpr int kBFullArrivals = kTransformThreads;
   static constexpr int kBEmptyArrivals = kConsumerThreads;
 
   static_assert(kStages >= 3, "at least 3 stages (48 KiB of weights) in flight per SM");
-  static_assert(kBSlots >= 2 && kBSlots <= 3, "B slots (barrier block holds 3)");
+  static_assert(!kTransform || (kBSlots >= 2 && kBSlots <= 3), "B slots (barrier block holds 3)");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget");
   static_assert(kBBufBytes % kSwizzleAtom == 0, "B buffers: 1024-B aligned 128B-swizzle atoms");
   static_assert(kStageOff % kSwizzleAtom == 0 && kStageBytes % kSwizzleAtom == 0 && kXOff % kSwizzleAtom == 0 &&
@@ -186,8 +190,8 @@ cudaError_t prepare_decode();  // cudaFuncSetAttribute (max dynamic smem) of eve
 // CTA for CTAs 0..ctas-1 into buffer[cta * kTraceEvents + event].
 void decode_set_trace(uint64_t* device_buffer, int ctas);
 // nt = 16, 32, 64 or 128 (the plan's token block); xb = kXE4m3 or kXBf16.
-// tmap_w: wq [N, K] box 128 x 128 without swizzle; tmap_x: e4m3 xq [M, K] box
-// 128 x nt, or bf16 x_bf16 [M, 2K bytes] box 128 B x nt, both 128-B swizzled.
+// tmap_w: wq [N, K] box 128 x 128; tmap_x: e4m3 xq [M, K] box 128 x nt, or
+// bf16 x_bf16 [M, 2K bytes] box 128 B x nt; all 128-B swizzled.
 m3qkv_status launch_decode(int nt, int xb, const CUtensorMap& tmap_w, const CUtensorMap& tmap_x, const Params& p,
                            int grid, bool pdl, cudaStream_t s);
 

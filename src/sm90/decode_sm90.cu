@@ -96,66 +96,47 @@ __device__ __forceinline__ int sf_word_offset(int r) { return (r % 32) * 16 + (r
 // The reduction tile T[NT][128] f32 (splitk::tile_index layout) aliases the B ring.
 using splitk::tile_index;
 
-// The A fragments of step c2 of a stage: rows r and r + 8, physical bytes
-// [16q, 16q+16) of the step in the stage's weight tile (row-major, 128 B per
-// row, no swizzle), dequantized with the row's scale of MX block 2·c2 + q/2.
-// a[s] is the fragment of k16 slice s.
+// The A fragments of step c2 of a stage: rows r and r + 8 (r % 8 = lane / 4),
+// the byte pairs at 16s + 2q and 16s + 2q + 8 of each k16 slice s (K order:
+// a_fragment_byte), read from the 128B-swizzled weight tile and dequantized
+// with the row's scale of their MX block 2·c2 + s/2. a[s] is slice s.
 template <bool kBig>
-__device__ __forceinline__ void load_a_step(const uint8_t* w_tile, int c2, int r, int q, uint32_t sw_r, uint32_t sw_r8,
+__device__ __forceinline__ void load_a_step(uint32_t w_tile, int c2, int r, int q, uint32_t sw_r, uint32_t sw_r8,
                                             ASet& a) {
-  const uint4 wr = *reinterpret_cast<const uint4*>(w_tile + r * kBK + 64 * c2 + 16 * q);
-  const uint4 wr8 = *reinterpret_cast<const uint4*>(w_tile + (r + 8) * kBK + 64 * c2 + 16 * q);
-  const int blk = 2 * c2 + q / 2;
-  const Pow2Bf16 fr = make_pow2_bf16((sw_r >> (8 * blk)) & 0xffu);
-  const Pow2Bf16 fr8 = make_pow2_bf16((sw_r8 >> (8 * blk)) & 0xffu);
-  const uint32_t vr[4] = {wr.x, wr.y, wr.z, wr.w};
-  const uint32_t vr8[4] = {wr8.x, wr8.y, wr8.z, wr8.w};
+  const uint32_t row = w_tile + static_cast<uint32_t>(sw128_offset(r, 0));
+  const uint32_t row8 = w_tile + static_cast<uint32_t>(sw128_offset(r + 8, 0));
+  const uint32_t x7 = static_cast<uint32_t>(r & 7);  // the same for r + 8
 #pragma unroll
   for (int s = 0; s < kMmasPerStep; ++s) {
-    a[s][0] = dequant_e4m3_lo_pair<kBig>(vr[s], fr);    // row r,     logical 2q, 2q+1
-    a[s][1] = dequant_e4m3_lo_pair<kBig>(vr8[s], fr8);  // row r + 8
-    a[s][2] = dequant_e4m3_hi_pair<kBig>(vr[s], fr);    // row r,     logical 2q+8, 2q+9
-    a[s][3] = dequant_e4m3_hi_pair<kBig>(vr8[s], fr8);  // row r + 8
+    const int blk = 2 * c2 + s / 2;
+    const Pow2Bf16 fr = make_pow2_bf16((sw_r >> (8 * blk)) & 0xffu);
+    const Pow2Bf16 fr8 = make_pow2_bf16((sw_r8 >> (8 * blk)) & 0xffu);
+    const uint32_t unit = ((static_cast<uint32_t>(4 * c2 + s) ^ x7) << 4) + 2 * q;
+    a[s][0] = dequant_e4m3_lo_pair<kBig>(ptx::ld_shared_u16(row + unit), fr);       // row r,     K 2q, 2q+1
+    a[s][1] = dequant_e4m3_lo_pair<kBig>(ptx::ld_shared_u16(row8 + unit), fr8);     // row r + 8
+    a[s][2] = dequant_e4m3_lo_pair<kBig>(ptx::ld_shared_u16(row + unit + 8), fr);   // row r,     K 2q+8, 2q+9
+    a[s][3] = dequant_e4m3_lo_pair<kBig>(ptx::ld_shared_u16(row8 + unit + 8), fr8); // row r + 8
   }
 }
 
-// Transform task (token n, k16 slice s, half h, step c2) of e4m3 activations:
-// physical bytes 16q + 4s + {2h, 2h+1} for q = 0..3 of token n -> logical
-// columns 16s + 8h + 2q + {0, 1}: 16-B unit 2s + h of the token's bf16 row in
-// the step's B buffer (rows of 128 B, 16-B units XOR-swizzled by n % 8: the
-// K-major 128B-swizzle layout of the wgmma descriptor). The raw X tile is
-// TMA-written with the same swizzle (16-B unit u of row n at u ^ (n % 8)), so
-// the 8 tokens a quarter warp converts hit 8 different bank groups in both.
-// `sx` = the token's 4 scale bytes of the stage (MX block 2·c2 for q < 2,
-// 2·c2 + 1 for q >= 2).
+// Transform task (token n, 16-B unit u of its 128-B e4m3 row): 16 activations
+// times 2^(scale of MX block u/2 - 127) -> two 16-B units of bf16 in the token's
+// row of the B buffer of step u/4. Raw X and B buffers are both 128B-swizzled
+// (unit v of row n at v ^ (n % 8)), so the 8 tokens of a quarter warp hit 8
+// different bank groups in both.
 template <bool kBig>
-__device__ __forceinline__ void convert_x_task(uint32_t x_tile, uint32_t b_buf, int n, int s, int h, int c2,
+__device__ __forceinline__ void convert_x_task(uint32_t x_tile, uint32_t b_slot, uint32_t b_buf_bytes, int n, int u,
                                                uint32_t sx) {
-  const Pow2Bf16 f0 = make_pow2_bf16((sx >> (16 * c2)) & 0xffu);
-  const Pow2Bf16 f1 = make_pow2_bf16((sx >> (16 * c2 + 8)) & 0xffu);
-  const uint32_t row = x_tile + n * kBK;
-  uint32_t w[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q) w[q] = ptx::ld_shared_b32(row + (((4 * c2 + q) ^ (n & 7)) << 4) + 4 * s);
-  const uint32_t dst = b_buf + n * 128 + (((2 * s + h) ^ (n & 7)) << 4);
-  if (h == 0)
-    ptx::st_shared_v4_b32(dst, dequant_e4m3_lo_pair<kBig>(w[0], f0), dequant_e4m3_lo_pair<kBig>(w[1], f0),
-                          dequant_e4m3_lo_pair<kBig>(w[2], f1), dequant_e4m3_lo_pair<kBig>(w[3], f1));
-  else
-    ptx::st_shared_v4_b32(dst, dequant_e4m3_hi_pair<kBig>(w[0], f0), dequant_e4m3_hi_pair<kBig>(w[1], f0),
-                          dequant_e4m3_hi_pair<kBig>(w[2], f1), dequant_e4m3_hi_pair<kBig>(w[3], f1));
-}
-
-// The same task on bf16 activations (no arithmetic): physical elements
-// 16q + 4s + 2h + {0, 1} are the u32 at byte 32q + 8s + 4h of the token's
-// 128-B row of box c2 (TMA-written 128B-swizzled: 16-B unit 2q + s/2).
-__device__ __forceinline__ void permute_x_task(uint32_t x_half, uint32_t b_buf, int n, int s, int h) {
-  const uint32_t row = x_half + n * 128;
-  uint32_t w[4];
-#pragma unroll
-  for (int q = 0; q < 4; ++q)
-    w[q] = ptx::ld_shared_b32(row + (((2 * q + (s >> 1)) ^ (n & 7)) << 4) + 8 * (s & 1) + 4 * h);
-  ptx::st_shared_v4_b32(b_buf + n * 128 + (((2 * s + h) ^ (n & 7)) << 4), w[0], w[1], w[2], w[3]);
+  const Pow2Bf16 f = make_pow2_bf16((sx >> (8 * (u / 2))) & 0xffu);
+  const uint4 w = ptx::ld_shared_v4_b32(x_tile + static_cast<uint32_t>(sw128_offset(n, 16 * u)));
+  const uint32_t dst = b_slot + static_cast<uint32_t>(u / 4) * b_buf_bytes;
+  const int v0 = 2 * (u % 4);
+  ptx::st_shared_v4_b32(dst + sw128_offset(n, 16 * v0), dequant_e4m3_lo_pair<kBig>(w.x, f),
+                        dequant_e4m3_hi_pair<kBig>(w.x, f), dequant_e4m3_lo_pair<kBig>(w.y, f),
+                        dequant_e4m3_hi_pair<kBig>(w.y, f));
+  ptx::st_shared_v4_b32(dst + sw128_offset(n, 16 * (v0 + 1)), dequant_e4m3_lo_pair<kBig>(w.z, f),
+                        dequant_e4m3_hi_pair<kBig>(w.z, f), dequant_e4m3_lo_pair<kBig>(w.w, f),
+                        dequant_e4m3_hi_pair<kBig>(w.w, f));
 }
 
 // Test-only timeline (decode_set_trace).
@@ -212,23 +193,24 @@ __device__ __forceinline__ void producer(const Params& p, const CUtensorMap* tma
   }
 }
 
-// Warps 9-11: every stage's activations into the B slot of that stage.
+// Warps 9-11 (e4m3 activations): every stage's activations into the B slot of that stage.
 template <int NT, int XB>
 __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
   using C = Config<NT, XB>;
-  // Barrier addresses as constant offsets of the one base register (the 32-register budget).
+  static_assert(C::kTransform, "bf16 activations need no transform");
+  // Barrier addresses as constant offsets of the one base register.
   const Bars b{smem_s + C::kBarOff + C::kFullOff, smem_s + C::kBarOff + C::kEmptyOff,
                smem_s + C::kBarOff + C::kBFullOff, smem_s + C::kBarOff + C::kBEmptyOff,
                smem_s + C::kBarOff + C::kTFreeOff};
   const int tt = static_cast<int>(threadIdx.x) - kTransformWarp0 * 32;  // 0 .. kTransformThreads-1
-  constexpr int kTasks = NT * kMmasPerStep * 2 * kStepsPerStage;      // (token, slice, half, step)
+  constexpr int kTasks = NT * (kBK / 16);                             // (token, 16-B unit of its row)
   // Trip counts are warp-uniform: kTasks and kTransformThreads are multiples of 32.
   static_assert(kTasks % 32 == 0 && kTransformThreads % 32 == 0, "warp-uniform task loop");
   Ring<C::kStages> ring;
   Ring<C::kBSlots> bring;  // B slot of the stage and the parity of its use
   uint32_t tfree_parity = 0;
   for (int u = blockIdx.x; u < p.units; u += gridDim.x) {
-    // Only the unit's token block and stage range (unsigned: the 32-register budget).
+    // Only the unit's token block and stage range.
     const uint32_t uu = static_cast<uint32_t>(u) / static_cast<uint32_t>(p.split);
     const uint32_t split_s = static_cast<uint32_t>(u) - uu * static_cast<uint32_t>(p.split);
     const int tb = static_cast<int>(uu % static_cast<uint32_t>(p.token_blocks));
@@ -245,21 +227,16 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
       ptx::mbarrier_wait(b.full0 + 8 * ring.idx, ring.phase);
       ptx::mbarrier_wait(b.bempty0 + 8 * slot, bring.phase ^ 1u);
       const uint32_t bslot = smem_s + C::kRingOff + slot * C::kBSlotBytes;
-#pragma unroll 1
+#pragma unroll 2
       for (int k = tt; k < kTasks; k += kTransformThreads) {
-        const int n = k % NT, r = k / NT;  // consecutive lanes: consecutive tokens (bank groups)
-        const int s = r % kMmasPerStep, h = (r / kMmasPerStep) % 2, c2 = r / (2 * kMmasPerStep);
-        if constexpr (XB == kXE4m3) {
-          const uint32_t sx = ptx::ld_shared_b32(st + C::kXsfOff + sf_word_offset((tb * NT) % 128 + n));
-          // Scales above 2^7 need a second multiply: a warp-uniform choice
-          // (MXFP8 scales sit near 2^-8).
-          if (__any_sync(0xffffffffu, any_big_scale(sx)))
-            convert_x_task<true>(st + C::kXOff, bslot + c2 * C::kBBufBytes, n, s, h, c2, sx);
-          else
-            convert_x_task<false>(st + C::kXOff, bslot + c2 * C::kBBufBytes, n, s, h, c2, sx);
-        } else {
-          permute_x_task(st + C::kXOff + c2 * C::kXHalfBytes, bslot + c2 * C::kBBufBytes, n, s, h);
-        }
+        const int n = k % NT, unit = k / NT;  // consecutive lanes: consecutive tokens (bank groups)
+        const uint32_t sx = ptx::ld_shared_b32(st + C::kXsfOff + sf_word_offset((tb * NT) % 128 + n));
+        // Scales above 2^7 need a second multiply: a warp-uniform choice
+        // (MXFP8 scales sit near 2^-8).
+        if (__any_sync(0xffffffffu, any_big_scale(sx)))
+          convert_x_task<true>(st + C::kXOff, bslot, C::kBBufBytes, n, unit, sx);
+        else
+          convert_x_task<false>(st + C::kXOff, bslot, C::kBBufBytes, n, unit, sx);
       }
       // Generic-proxy stores read next by wgmma (async proxy): fence in every
       // writing thread before its release.
@@ -297,20 +274,23 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
 
 // One stage of the consumers, one 64-K step at a time with two A sets (one
 // per step): step c2's set is dequantized while the previous step's 4 wgmmas
-// run; wait_group 1 after each commit retires the step before. The raw stage
-// is released once both steps' weights are read, the previous stage's B slot
-// once its last step retired (the first wait of this stage).
+// run; wait_group 1 after each commit retires the step before. The B operand
+// is the stage's B slot (e4m3 activations, after bfull) or the raw stage's X
+// (bf16). What the previous stage's last group read (its B slot, or its raw
+// stage) is released at this stage's first wait (`pending`, an mbarrier
+// address, 0 = none); with e4m3 activations the raw stage is released as soon
+// as both steps' weights are read.
 template <int NT, int XB>
-__device__ __forceinline__ void consume_stage(const uint8_t* st, uint32_t smem_s, uint32_t empty, uint32_t bfull,
-                                              uint32_t bfull_parity, uint32_t slot, int& pending, uint32_t bempty0,
-                                              int r, int q, bool first, float (&acc)[NT / 2], ASet& a0, ASet& a1) {
+__device__ __forceinline__ void consume_stage(uint32_t st, uint32_t b_tile, uint32_t empty, uint32_t bfull,
+                                              uint32_t bfull_parity, uint32_t release, uint32_t& pending, int r,
+                                              int q, bool first, float (&acc)[NT / 2], ASet& a0, ASet& a1) {
   using C = Config<NT, XB>;
-  const uint32_t sw_r = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r));
-  const uint32_t sw_r8 = *reinterpret_cast<const uint32_t*>(st + C::kWsfOff + sf_word_offset(r + 8));
+  const uint32_t sw_r = ptx::ld_shared_b32(st + C::kWsfOff + sf_word_offset(r));
+  const uint32_t sw_r8 = ptx::ld_shared_b32(st + C::kWsfOff + sf_word_offset(r + 8));
   // Scales above 2^7 need a second multiply: a warp-uniform choice, so the
   // common case issues one multiply per pair (MXFP8 scales sit near 2^-8).
   const bool big = __any_sync(0xffffffffu, any_big_scale(sw_r) || any_big_scale(sw_r8));
-  const uint64_t db = wgmma::make_desc_kmajor_sw128(smem_s + C::kRingOff + slot * C::kBSlotBytes);
+  const uint64_t db = wgmma::make_desc_kmajor_sw128(b_tile);
 #pragma unroll
   for (int c2 = 0; c2 < kStepsPerStage; ++c2) {
     ASet& a = c2 == 0 ? a0 : a1;
@@ -318,8 +298,10 @@ __device__ __forceinline__ void consume_stage(const uint8_t* st, uint32_t smem_s
       load_a_step<true>(st + C::kWOff, c2, r, q, sw_r, sw_r8, a);
     else
       load_a_step<false>(st + C::kWOff, c2, r, q, sw_r, sw_r8, a);
-    if (c2 == kStepsPerStage - 1) ptx::mbarrier_arrive(empty);  // this thread's reads of the raw stage are done
-    if (c2 == 0) ptx::mbarrier_wait(bfull, bfull_parity);
+    if constexpr (C::kTransform) {
+      if (c2 == kStepsPerStage - 1) ptx::mbarrier_arrive(empty);  // this thread's reads of the raw stage are done
+      if (c2 == 0) ptx::mbarrier_wait(bfull, bfull_parity);
+    }
     // No register fence on acc inside the unit: its only writers are the
     // wgmmas, so a fence here would "define" registers of a group in flight
     // and serialize it (ptxas C7515).
@@ -331,9 +313,9 @@ __device__ __forceinline__ void consume_stage(const uint8_t* st, uint32_t smem_s
     wgmma::commit_group_sync_aligned();
     wgmma::wait_group_sync_aligned<1>();
     if (c2 == 0) {
-      // The previous stage's last group retired: its B slot goes back to the transform.
-      if (pending >= 0) ptx::mbarrier_arrive(bempty0 + 8 * static_cast<uint32_t>(pending));
-      pending = static_cast<int>(slot);
+      // The previous stage's last group retired.
+      if (pending != 0u) ptx::mbarrier_arrive(pending);
+      pending = release;
     }
     // The group before this one retired: the other set may be rewritten.
     fence_regs(c2 == 0 ? a1 : a0);
@@ -351,8 +333,8 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
   griddepcontrol_wait();  // the epilogue reads inputs and the workspace of this launch
 
   Ring<C::kStages> ring;
-  uint32_t g = 0;    // stages walked by this CTA: B slot g % kBSlots
-  int pending = -1;  // B slot of the previous stage, released after its group retires
+  uint32_t g = 0;         // stages walked by this CTA: B slot g % kBSlots
+  uint32_t pending = 0u;  // what the previous stage's wgmmas read (an mbarrier to arrive at), 0 = none
   // The two A sets (steps 0 and 1 of every stage). A set stays live until the
   // wait that retires its group.
   ASet a0, a1;
@@ -363,10 +345,15 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
     auto stage = [&](int kb) {
       ptx::mbarrier_wait(b.full0 + 8 * ring.idx, ring.phase);
       if (t == 0 && units == 0 && kb == w.k0) trace_event(p, kTrFirstFull);
-      const uint32_t slot = g % C::kBSlots;
-      consume_stage<NT, XB>(smem + C::kStageOff + ring.idx * C::kStageBytes, smem_s, b.empty0 + 8 * ring.idx,
-                            b.bfull0 + 8 * slot, (g / C::kBSlots) & 1u, slot, pending, b.bempty0, r, q, kb == w.k0,
-                            acc, a0, a1);
+      const uint32_t st = smem_s + C::kStageOff + ring.idx * C::kStageBytes;
+      const uint32_t empty = b.empty0 + 8 * ring.idx;
+      if constexpr (C::kTransform) {
+        const uint32_t slot = g % C::kBSlots;
+        consume_stage<NT, XB>(st, smem_s + C::kRingOff + slot * C::kBSlotBytes, empty, b.bfull0 + 8 * slot,
+                              (g / C::kBSlots) & 1u, b.bempty0 + 8 * slot, pending, r, q, kb == w.k0, acc, a0, a1);
+      } else {
+        consume_stage<NT, XB>(st, st + C::kXOff, empty, 0u, 0u, empty, pending, r, q, kb == w.k0, acc, a0, a1);
+      }
       ring.advance();
       ++g;
     };
@@ -375,15 +362,15 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
     fence_regs(acc);
     fence_regs(a0);
     fence_regs(a1);
-    // The last B slot's group retired; the transform reuses it only after tfree.
-    ptx::mbarrier_arrive(b.bempty0 + 8 * static_cast<uint32_t>(pending));
-    pending = -1;
+    // The last stage's group retired (e4m3: the transform reuses its B slot only after tfree).
+    ptx::mbarrier_arrive(pending);
+    pending = 0u;
     if (t == 0) trace_event(p, kTrMainDone);
     // Both warpgroups' wgmmas have read the B ring before T overwrites it.
     ptx::bar_sync(kBarrierNamed, kConsumerThreads);
     lasts += finish_unit<NT>(p, w, u, acc, T, flag) ? 1 : 0;
     if (t == 0) {
-      ptx::mbarrier_arrive(b.tfree);  // finish_unit ended with a barrier: T is free
+      if constexpr (C::kTransform) ptx::mbarrier_arrive(b.tfree);  // finish_unit ended with a barrier: T is free
       trace_event(p, kTrEpiDone);
     }
     ++units;
@@ -429,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (warp == kProducerWarp) {
       if (ptx::elect_sync()) producer<NT, XB>(p, &tmap_w, &tmap_x, base + C::kStageOff, b);
       __syncwarp();
-    } else {
+    } else if constexpr (C::kTransform) {
       transform<NT, XB>(p, base);
     }
     griddepcontrol_launch_dependents();

@@ -101,7 +101,7 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   CUtensorMap tmap_w, tmap_x;
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
                                         static_cast<uint64_t>(heads) * kHeadDim, static_cast<uint64_t>(a.k),
-                                        sm90::decode::kBK, sm90::decode::kHeadRows, CU_TENSOR_MAP_SWIZZLE_NONE));
+                                        sm90::decode::kBK, sm90::decode::kHeadRows, CU_TENSOR_MAP_SWIZZLE_128B));
   if (xb == sm90::decode::kXBf16)  // bf16 rows of 2K bytes, boxes of 64 elements (one 128-B swizzle row)
     M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "x_bf16", x_bf16, static_cast<uint64_t>(a.k) * 2,
                                           static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k) * 2, 128,
