@@ -176,8 +176,8 @@ typedef struct m3qkv_fused_args {
   int32_t nik; /* index-key heads: 0 or 1 */
 
   /* ---- GEMM operands (device) ---- */
-  const void* xq;  /* e4m3 [M, K], 16-B aligned */
-  const void* xsf; /* e8m0 bytes, F8_128x4 swizzle of [M, K/32], ceil(M/128)·128 · ceil(K/128)·4 bytes, 16-B aligned */
+  const void* xq;  /* e4m3 [M, K], 16-B aligned (NULL with x_bf16, at the end) */
+  const void* xsf; /* e8m0 bytes, F8_128x4 swizzle of [M, K/32], ceil(M/128)·128 · ceil(K/128)·4 bytes, 16-B aligned (NULL with x_bf16) */
   const void* wq;  /* e4m3 [N, K] K-major, rows [q×nq | k×nkv | v×nkv | index_q×niq | index_k×nik]·128, 16-B aligned */
   const void* wsf; /* e8m0 bytes, F8_128x4 swizzle of [N, K/32], 16-B aligned */
 
@@ -244,6 +244,12 @@ typedef struct m3qkv_fused_args {
      order, e.g. [block_size, nkv, 128] or [nkv, block_size, 128] pages; gaps allowed). */
   int64_t kv_token_stride;
   int64_t kv_head_stride;
+
+  /* ---- bf16 activations (appended in 0.3; NULL = the MXFP8 xq / xsf above) ----
+     W8A16: acc[m][n] = Σ_k float(x_bf16[m,k]) · (float(e4m3(wq[n,k])) · 2^(e−127)) in f32,
+     the weight's e8m0 scale e from wsf; xq and xsf must then be NULL. Backends:
+     portable and sm90; sm100 refuses it (M3QKV_ERROR_INVALID_ARGUMENT). */
+  const void* x_bf16;  /* bf16 [M, K] row-major, 16-B aligned; exactly one of x_bf16 and (xq, xsf) given */
 } m3qkv_fused_args;
 
 /*
@@ -300,13 +306,15 @@ typedef struct m3qkv_gemm_args {
   int64_t m;          /* >= 0; 0 is a no-op */
   int64_t n;          /* > 0, multiple of 128 */
   int64_t k;          /* > 0, multiple of 128 */
-  const void* xq;     /* e4m3 [M, K], 16-B aligned */
-  const void* xsf;    /* F8_128x4 scales of [M, K/32], 16-B aligned */
+  const void* xq;     /* e4m3 [M, K], 16-B aligned (NULL with x_bf16) */
+  const void* xsf;    /* F8_128x4 scales of [M, K/32], 16-B aligned (NULL with x_bf16) */
   const void* wq;     /* e4m3 [N, K], 16-B aligned */
   const void* wsf;    /* F8_128x4 scales of [N, K/32], 16-B aligned */
   void* out;          /* bf16 [M, N], 16-B aligned */
   int32_t use_pdl;    /* 0 or 1 */
   int32_t grid;       /* 0 = auto */
+  /* ---- bf16 activations (appended in 0.3; NULL = xq / xsf), as in m3qkv_fused_args ---- */
+  const void* x_bf16; /* bf16 [M, K] row-major, 16-B aligned; exactly one of x_bf16 and (xq, xsf) given */
 } m3qkv_gemm_args;
 
 /*

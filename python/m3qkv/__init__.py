@@ -9,9 +9,10 @@ signature):
       slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
       q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0,
       cta_group=None, use_pdl=True, grid=None, v_cache=None,
-      nq=None, nkv=None, niq=None, nik=None, error_flags=None) -> None
+      nq=None, nkv=None, niq=None, nik=None, error_flags=None, x_bf16=None) -> None
+      (bf16 activations, W8A16: xq=None, xsf=None, x_bf16=bf16 [M, K]; not on sm100)
   torch.ops.m3qkv.qknorm_rope_kv_insert(qkv, positions, ...same epilogue args...) -> None
-  torch.ops.m3qkv.mxfp8_gemm(xq, xsf, wq, wsf, *, use_pdl=True, grid=None) -> bf16 [M, N]
+  torch.ops.m3qkv.mxfp8_gemm(xq, xsf, wq, wsf, *, use_pdl=True, grid=None, x_bf16=None) -> bf16 [M, N]
   torch.ops.m3qkv.mxfp8_quantize(x, *, use_pdl=True) -> (xq e4m3 [M, K], xsf uint8 swizzled scales)
   torch.ops.m3qkv.backend(device=-1) -> "sm100" | "sm90" | "portable" | "none"
 Also m3qkv.selftest(device=0) -> dict (run it first on a new kind of GPU) and
@@ -51,15 +52,18 @@ def _direct(t) -> bool:
 def fused_qkv(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
               index_k_norm_weight, eps, *, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
               q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0, cta_group=None, use_pdl=True,
-              grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None) -> None:
+              grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None,
+              x_bf16=None) -> None:
     """The fused op (torch.ops.m3qkv.fused_qkv): writes q_out / q_fp8_out /
-    index_q_out and the K/V/index_k cache entries in place, on the current stream."""
-    f = _ops.fused_qkv_fast if not _is_compiling() and _direct(xq) else torch.ops.m3qkv.fused_qkv
+    index_q_out and the K/V/index_k cache entries in place, on the current stream.
+    Activations: MXFP8 (xq, xsf), or bf16 x_bf16 [M, K] with xq=None, xsf=None."""
+    first = xq if x_bf16 is None else x_bf16
+    f = _ops.fused_qkv_fast if not _is_compiling() and _direct(first) else torch.ops.m3qkv.fused_qkv
     f(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
       index_k_norm_weight, eps, slot_mapping=slot_mapping, index_slot_mapping=index_slot_mapping, kv_cache=kv_cache,
       index_cache=index_cache, index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out, q_fp8_scale=q_fp8_scale,
       k_scale=k_scale, v_scale=v_scale, cta_group=cta_group, use_pdl=use_pdl, grid=grid, v_cache=v_cache, nq=nq,
-      nkv=nkv, niq=niq, nik=nik, error_flags=error_flags)
+      nkv=nkv, niq=niq, nik=nik, error_flags=error_flags, x_bf16=x_bf16)
 
 
 def qknorm_rope_kv_insert(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
@@ -77,11 +81,12 @@ def qknorm_rope_kv_insert(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_w
       error_flags=error_flags)
 
 
-def mxfp8_gemm(xq, xsf, wq, wsf, *, use_pdl=True, grid=None) -> torch.Tensor:
-    """bf16 out [M, N] = bf16_rn(acc) of the MXFP8 GEMM."""
-    if not _is_compiling() and _direct(xq):
-        return _ops.mxfp8_gemm_impl(xq, xsf, wq, wsf, use_pdl=use_pdl, grid=grid)
-    return torch.ops.m3qkv.mxfp8_gemm(xq, xsf, wq, wsf, use_pdl=use_pdl, grid=grid)
+def mxfp8_gemm(xq, xsf, wq, wsf, *, use_pdl=True, grid=None, x_bf16=None) -> torch.Tensor:
+    """bf16 out [M, N] = bf16_rn(acc) of the MXFP8 GEMM (activations xq, xsf, or
+    bf16 x_bf16 [M, K] with xq=None, xsf=None)."""
+    if not _is_compiling() and _direct(xq if x_bf16 is None else x_bf16):
+        return _ops.mxfp8_gemm_impl(xq, xsf, wq, wsf, use_pdl=use_pdl, grid=grid, x_bf16=x_bf16)
+    return torch.ops.m3qkv.mxfp8_gemm(xq, xsf, wq, wsf, use_pdl=use_pdl, grid=grid, x_bf16=x_bf16)
 
 
 def mxfp8_quantize(x, *, use_pdl=True):

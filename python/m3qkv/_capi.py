@@ -85,8 +85,9 @@ class M3qkvFallbackWarning(UserWarning):
 
 # ------------------------------------------------------------------ structs
 # The fields of each struct in header order. The *_CACHE_FORMAT_FIELDS are the
-# fields docs/contract.md §4.3 describes, appended for the FP8/BF16 cache formats; a library built
-# before them has the shorter struct (see Library.cache_formats).
+# fields docs/contract.md §4.3 describes, appended for the FP8/BF16 cache formats (0.2), and
+# X_BF16_FIELDS, the bf16 activations appended in 0.3 to the fused and gemm structs; a library
+# built before them has the shorter structs (see Library.cache_formats, Library.x_bf16).
 FUSED_FIELDS = [
     ("struct_size", c_size_t),
     ("m", c_int64), ("k", c_int64),
@@ -127,6 +128,7 @@ CACHE_FORMAT_FIELDS = [
     ("kv_cache_dtype", c_int32), ("index_cache_dtype", c_int32),
     ("v_cache", c_void_p), ("kv_token_stride", c_int64), ("kv_head_stride", c_int64),
 ]
+X_BF16_FIELDS = [("x_bf16", c_void_p)]
 GEMM_FIELDS = [
     ("struct_size", c_size_t),
     ("m", c_int64), ("n", c_int64), ("k", c_int64),
@@ -177,9 +179,9 @@ def _struct(name, fields):
 
 
 # The C struct names each mirror stands for (the layout test uses them).
-FusedArgs = _struct("m3qkv_fused_args", FUSED_FIELDS + CACHE_FORMAT_FIELDS)
+FusedArgs = _struct("m3qkv_fused_args", FUSED_FIELDS + CACHE_FORMAT_FIELDS + X_BF16_FIELDS)
 InsertArgs = _struct("m3qkv_insert_args", INSERT_FIELDS + CACHE_FORMAT_FIELDS)
-GemmArgs = _struct("m3qkv_gemm_args", GEMM_FIELDS)
+GemmArgs = _struct("m3qkv_gemm_args", GEMM_FIELDS + X_BF16_FIELDS)
 QuantizeArgs = _struct("m3qkv_quantize_args", QUANTIZE_FIELDS)
 SelftestEntry = _struct("m3qkv_selftest_entry", SELFTEST_ENTRY_FIELDS)
 SelftestReport = _struct("m3qkv_selftest_report", [
@@ -187,15 +189,18 @@ SelftestReport = _struct("m3qkv_selftest_report", [
     ("cc_minor", c_int32), ("problems", c_int32), ("num_entries", c_int32), ("total_us", c_int64),
     ("message", ctypes.c_char * 256), ("entries", SelftestEntry * SELFTEST_MAX_ENTRIES),
 ])
-# The released v0.1 layouts (no cache-format fields).
+# The released older layouts: 0.1 (no cache-format fields, no x_bf16) and
+# 0.2 (cache formats, no x_bf16; its insert struct is InsertArgs).
 FusedArgsV0 = _struct("m3qkv_fused_args_v0", FUSED_FIELDS)
 InsertArgsV0 = _struct("m3qkv_insert_args_v0", INSERT_FIELDS)
+GemmArgsV0 = _struct("m3qkv_gemm_args_v0", GEMM_FIELDS)
+FusedArgsV0_2 = _struct("m3qkv_fused_args_v0_2", FUSED_FIELDS + CACHE_FORMAT_FIELDS)
 
 # Python mirror -> (C struct name, every layout this package can speak, newest first).
 STRUCTS = {
-    "fused": (FusedArgs, [FusedArgs, FusedArgsV0]),
+    "fused": (FusedArgs, [FusedArgs, FusedArgsV0_2, FusedArgsV0]),
     "insert": (InsertArgs, [InsertArgs, InsertArgsV0]),
-    "gemm": (GemmArgs, [GemmArgs]),
+    "gemm": (GemmArgs, [GemmArgs, GemmArgsV0]),
     "quantize": (QuantizeArgs, [QuantizeArgs]),
     "selftest_entry": (SelftestEntry, [SelftestEntry]),
     "selftest_report": (SelftestReport, [SelftestReport]),
@@ -212,9 +217,11 @@ def _candidates():
 
 
 class Library:
-    """One loaded libm3qkv.so. `fused_struct_size` / `insert_struct_size` are
-    the struct sizes it accepts (found by asking it once, see _probe_size);
-    `cache_formats` is True when it knows the FP8/BF16 cache fields."""
+    """One loaded libm3qkv.so. `fused_struct_size` / `insert_struct_size` /
+    `gemm_struct_size` are the struct sizes it accepts (found by asking it
+    once, see _probe_size); `cache_formats` is True when it knows the FP8/BF16
+    cache fields, `x_bf16` when its fused and gemm structs have x_bf16 (bf16
+    activations, 0.3)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -249,14 +256,17 @@ class Library:
 
         self.fused_struct_size = self._probe_size(self.fused_qkv, STRUCTS["fused"][1])
         self.insert_struct_size = self._probe_size(self.qknorm_rope_kv_insert, STRUCTS["insert"][1])
-        self.cache_formats = (self.fused_struct_size == ctypes.sizeof(FusedArgs) and
+        self.gemm_struct_size = self._probe_size(self.mxfp8_gemm, STRUCTS["gemm"][1])
+        self.cache_formats = (self.fused_struct_size >= ctypes.sizeof(FusedArgsV0_2) and
                               self.insert_struct_size == ctypes.sizeof(InsertArgs))
+        self.x_bf16 = (self.fused_struct_size == ctypes.sizeof(FusedArgs) and
+                       self.gemm_struct_size == ctypes.sizeof(GemmArgs))
 
     @staticmethod
     def _probe_size(f, layouts):
         # An all-zero struct of each layout, newest first: the library answers
         # M3QKV_ERROR_STRUCT_SIZE for a size it does not know, and a later
-        # validation error (k = 0, block_size = 0, ...) for one it does.
+        # validation error (k = 0, n = 0, block_size = 0, ...) for one it does.
         # Host-only: validation runs before any device query, nothing launches.
         for cls in layouts:
             a = cls()

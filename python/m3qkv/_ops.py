@@ -29,16 +29,19 @@ _EPILOGUE_KW = ("Tensor slot_mapping, Tensor? index_slot_mapping, Tensor(a!) kv_
 _EPILOGUE_TAIL = ("bool use_pdl=True, int? grid=None, Tensor(f!)? v_cache=None, int? nq=None, int? nkv=None, "
                   "int? niq=None, int? nik=None, Tensor(g!)? error_flags=None")
 
+# bf16 activations (x_bf16, appended in 0.3): the optional last argument of
+# fused_qkv and mxfp8_gemm; with it xq and xsf are None (hence `Tensor?`:
+# every call written for the earlier schema still binds the same way).
 LIBRARY.define(
-    "fused_qkv(Tensor xq, Tensor xsf, Tensor wq, Tensor wsf, Tensor positions, Tensor cos_sin_cache, "
+    "fused_qkv(Tensor? xq, Tensor? xsf, Tensor wq, Tensor wsf, Tensor positions, Tensor cos_sin_cache, "
     "Tensor q_norm_weight, Tensor k_norm_weight, Tensor? index_q_norm_weight, Tensor? index_k_norm_weight, "
-    f"float eps, *, {_EPILOGUE_KW}, int? cta_group=None, {_EPILOGUE_TAIL}) -> ()")
+    f"float eps, *, {_EPILOGUE_KW}, int? cta_group=None, {_EPILOGUE_TAIL}, Tensor? x_bf16=None) -> ()")
 LIBRARY.define(
     "qknorm_rope_kv_insert(Tensor qkv, Tensor positions, Tensor cos_sin_cache, Tensor q_norm_weight, "
     "Tensor k_norm_weight, Tensor? index_q_norm_weight, Tensor? index_k_norm_weight, float eps, *, "
     f"{_EPILOGUE_KW}, {_EPILOGUE_TAIL}) -> ()")
-LIBRARY.define("mxfp8_gemm(Tensor xq, Tensor xsf, Tensor wq, Tensor wsf, *, bool use_pdl=True, int? grid=None) "
-               "-> Tensor")
+LIBRARY.define("mxfp8_gemm(Tensor? xq, Tensor? xsf, Tensor wq, Tensor wsf, *, bool use_pdl=True, int? grid=None, "
+               "Tensor? x_bf16=None) -> Tensor")
 LIBRARY.define("mxfp8_quantize(Tensor x, *, bool use_pdl=True) -> (Tensor, Tensor)")
 LIBRARY.define("backend(int device=-1) -> str")
 
@@ -52,14 +55,19 @@ def _desc(t):
     return f"{t.dtype} {list(t.shape)} on {t.device}"
 
 
-# The tensor whose device the others must share, per op.
+# The tensor whose device the others must share, per op (fused_qkv and
+# mxfp8_gemm: x_bf16 instead of xq when the call has bf16 activations; the
+# check of the call sets it for its thread, see _activations).
 _FIRST = {"m3qkv.fused_qkv": "xq", "m3qkv.qknorm_rope_kv_insert": "qkv", "m3qkv.mxfp8_gemm": "xq",
           "m3qkv.mxfp8_quantize": "x"}
+_first_tls = threading.local()
 
 
 def _device(fn, name, t, dev):
     if t.device != dev:
-        _fail(fn, f"{name} is on {t.device}, but {_FIRST[fn]} is on {dev}: every tensor must be on one CUDA device")
+        first = getattr(_first_tls, "name", None) if fn in ("m3qkv.fused_qkv", "m3qkv.mxfp8_gemm") else None
+        _fail(fn, f"{name} is on {t.device}, but {first or _FIRST[fn]} is on {dev}: every tensor must be on one CUDA "
+                  f"device")
 
 
 def _tensor(fn, name, t, dtype, dev, ndim=None):
@@ -133,6 +141,41 @@ def _no_formats(fn, what):
         f"{fn}: {what} needs the FP8/BF16 cache formats (kv_cache_dtype / index_cache_dtype, docs/contract.md §4.3), "
         f"but the loaded {lib.path} predates them (its m3qkv_fused_args has {lib.fused_struct_size} bytes); "
         f"only NVFP4 caches (uint8, last dim 72) work with this library")
+
+
+def _no_x_bf16(fn):
+    lib = _capi.library()
+    raise NotImplementedError(
+        f"{fn}: x_bf16 (bf16 activations) needs m3qkv 0.3, but the loaded {lib.path} predates it (its "
+        f"m3qkv_fused_args has {lib.fused_struct_size} bytes, m3qkv_gemm_args {lib.gemm_struct_size}); pass MXFP8 "
+        f"activations (xq, xsf from m3qkv.mxfp8_quantize) with this library")
+
+
+def _activations(fn, xq, xsf, x_bf16, fake):
+    """The activations: exactly one of x_bf16 (bf16 [M, K]) and (xq, xsf)
+    (MXFP8; xsf is checked by the caller, once N is known). -> (device, m, k, name)."""
+    if x_bf16 is not None:
+        if xq is not None or xsf is not None:
+            given = " and ".join(n for n, t in (("xq", xq), ("xsf", xsf)) if t is not None)
+            _fail(fn, f"x_bf16 and {given} are given: pass either x_bf16 (bf16 activations [M, K]) or xq and xsf "
+                      f"(MXFP8 activations), not both (xq=None, xsf=None with x_bf16)")
+        _first_tls.name = "x_bf16"
+        dev = x_bf16.device
+        _tensor(fn, "x_bf16", x_bf16, torch.bfloat16, dev, 2)
+        if not fake and not _capi.library().x_bf16:
+            _no_x_bf16(fn)
+        return dev, x_bf16.shape[0], x_bf16.shape[1], "x_bf16"
+    _first_tls.name = "xq"
+    if xq is None:
+        _fail(fn, "xq is required (or bf16 activations as x_bf16=, with xq=None and xsf=None)")
+    if xq.dtype == torch.bfloat16:
+        _fail(fn, f"xq must have dtype torch.float8_e4m3fn (MXFP8, with its scales xsf), got {_desc(xq)}: pass bf16 "
+                  f"activations as x_bf16= (with xq=None and xsf=None)")
+    dev = xq.device
+    _tensor(fn, "xq", xq, _E4M3, dev, 2)
+    if xsf is None:
+        _fail(fn, "xsf is required with xq (the F8_128x4-swizzled e8m0 scales of xq)")
+    return dev, xq.shape[0], xq.shape[1], "xq"
 
 
 def _kv_cache(fn, kv, v, nkv, dev, fake):
@@ -251,18 +294,15 @@ def _check_epilogue(fn, dev, m, heads, positions, cos_sin_cache, q_norm_weight, 
 
 def _check_fused(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
                  index_k_norm_weight, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out, q_out,
-                 q_fp8_out, v_cache, nq, nkv, niq, nik, error_flags, fake):
+                 q_fp8_out, v_cache, nq, nkv, niq, nik, error_flags, fake, x_bf16=None):
     fn = "m3qkv.fused_qkv"
-    if xq is None:
-        _fail(fn, "xq is required")
-    dev = xq.device
-    _tensor(fn, "xq", xq, _E4M3, dev, 2)
-    m, k = xq.shape
+    dev, m, k, xname = _activations(fn, xq, xsf, x_bf16, fake)
     _tensor(fn, "wq", wq, _E4M3, dev, 2)
     n = wq.shape[0]
     if wq.shape[1] != k:
-        _fail(fn, f"wq must be [N, K = {k}] (K-major, K as in xq), got {_desc(wq)}")
-    _scales(fn, "xsf", xsf, m, k, dev, "xq")
+        _fail(fn, f"wq must be [N, K = {k}] (K-major, K as in {xname}), got {_desc(wq)}")
+    if x_bf16 is None:
+        _scales(fn, "xsf", xsf, m, k, dev, "xq")
     _scales(fn, "wsf", wsf, n, k, dev, "wq")
     heads = _heads(fn, "wq", n, nq, nkv, niq, nik, index_q_out, index_cache)
     kvf, ixf = _check_epilogue(fn, dev, m, heads, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
@@ -287,17 +327,14 @@ def _check_insert(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, i
     return dev, m, heads, kvf, ixf
 
 
-def _check_gemm(xq, xsf, wq, wsf):
+def _check_gemm(xq, xsf, wq, wsf, x_bf16=None, fake=False):
     fn = "m3qkv.mxfp8_gemm"
-    if xq is None:
-        _fail(fn, "xq is required")
-    dev = xq.device
-    _tensor(fn, "xq", xq, _E4M3, dev, 2)
-    m, k = xq.shape
+    dev, m, k, xname = _activations(fn, xq, xsf, x_bf16, fake)
     _tensor(fn, "wq", wq, _E4M3, dev, 2)
     if wq.shape[1] != k:
-        _fail(fn, f"wq must be [N, K = {k}] (K-major, K as in xq), got {_desc(wq)}")
-    _scales(fn, "xsf", xsf, m, k, dev, "xq")
+        _fail(fn, f"wq must be [N, K = {k}] (K-major, K as in {xname}), got {_desc(wq)}")
+    if x_bf16 is None:
+        _scales(fn, "xsf", xsf, m, k, dev, "xq")
     _scales(fn, "wsf", wsf, wq.shape[0], k, dev, "wq")
     return dev, m, wq.shape[0], k
 
@@ -398,14 +435,15 @@ def _fill_epilogue(a, lib, heads, m, kvf, ixf, positions, cos_sin_cache, q_norm_
 def fused_qkv_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
                    index_k_norm_weight, eps, *, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
                    q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0, cta_group=None,
-                   use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None):
+                   use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None,
+                   x_bf16=None):
     """Checks the arguments and fills this thread's m3qkv_fused_args: -> (device, struct).
     (Any device: the CUDA kernel refuses other devices; tools/measure_overhead.py
     times this part alone on CPU tensors.)"""
     dev, m, k, heads, kvf, ixf = _check_fused(
         xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
         index_k_norm_weight, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out, q_out, q_fp8_out,
-        v_cache, nq, nkv, niq, nik, error_flags, False)
+        v_cache, nq, nkv, niq, nik, error_flags, False, x_bf16)
     lib = _capi.library()
     a = _struct(_capi.FusedArgs)
     _fill_epilogue(a, lib, heads, m, kvf, ixf, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
@@ -413,8 +451,9 @@ def fused_qkv_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_
                    index_cache, index_q_out, q_out, q_fp8_out, q_fp8_scale, k_scale, v_scale, use_pdl, grid,
                    v_cache, error_flags, lib.fused_struct_size)
     a.k = k
-    a.xq, a.xsf, a.wq, a.wsf = xq.data_ptr(), xsf.data_ptr(), wq.data_ptr(), wsf.data_ptr()
+    a.xq, a.xsf, a.wq, a.wsf = _ptr(xq), _ptr(xsf), wq.data_ptr(), wsf.data_ptr()
     a.cta_group = 0 if cta_group is None else cta_group
+    a.x_bf16 = _ptr(x_bf16)  # past struct_size (not read) in a library before 0.3: then x_bf16 is None here
     return dev, a
 
 
@@ -439,6 +478,7 @@ _FAST_ORDER = ["struct_size", "m", "k", "nq", "nkv", "niq", "nik", "xq", "xsf", 
                "q_fp8_out", "index_q_out", "q_fp8_scale", "k_scale", "v_scale", "cta_group", "use_pdl", "grid",
                "error_flags"]
 _FAST_EXT = ["kv_cache_dtype", "index_cache_dtype", "v_cache", "kv_token_stride", "kv_head_stride"]
+_FAST_X_BF16 = ["x_bf16"]
 _U8, _I64, _I32, _BF16 = torch.uint8, torch.int64, torch.int32, torch.bfloat16
 _fast_packer = None
 
@@ -448,19 +488,22 @@ def _packer():
     global _fast_packer
     if _fast_packer is None:
         lib = _capi.library()
-        cls = _capi.FusedArgs if lib.cache_formats else _capi.FusedArgsV0
+        cls = next(c for c in _capi.STRUCTS["fused"][1] if ctypes.sizeof(c) == lib.fused_struct_size)
         names = [f for f, _ in cls._fields_]
-        assert names == _FAST_ORDER + (_FAST_EXT if lib.cache_formats else []), "fast path field order"
-        _fast_packer = (_capi.packer(cls), lib.fused_struct_size, lib.cache_formats)
+        assert names == (_FAST_ORDER + (_FAST_EXT if lib.cache_formats else []) +
+                         (_FAST_X_BF16 if lib.x_bf16 else [])), "fast path field order"
+        _fast_packer = (_capi.packer(cls), lib.fused_struct_size, lib.cache_formats, lib.x_bf16)
     return _fast_packer
 
 
 def fused_fast_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
                     index_k_norm_weight, eps, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
                     q_out, q_fp8_out, q_fp8_scale, k_scale, v_scale, cta_group, use_pdl, grid, v_cache, nq, nkv, niq,
-                    nik, error_flags):
-    """-> (device index, the struct's field values) when the flat checks pass, else None."""
-    if v_cache is not None or xq is None or wq is None or xq.dtype is not _E4M3 or wq.dtype is not _E4M3:
+                    nik, error_flags, x_bf16=None):
+    """-> (device index, the struct's field values) when the flat checks pass, else None.
+    (MXFP8 activations only: a call with x_bf16 takes the full checks.)"""
+    if (x_bf16 is not None or v_cache is not None or xq is None or wq is None or xq.dtype is not _E4M3 or
+            wq.dtype is not _E4M3):
         return None
     dev = xq.get_device()
     if xq.dim() != 2 or wq.dim() != 2 or not xq.is_contiguous() or not wq.is_contiguous() or wq.get_device() != dev:
@@ -532,7 +575,7 @@ def fused_fast_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k
                 not error_flags.is_contiguous()):
             return None
         ef = error_flags.data_ptr()
-    packer, size, ext = _packer()
+    packer, size, ext, xb = _packer()
     vals = (size, m, k, nq, nkv, niq, nik, xq.data_ptr(), xsf.data_ptr(), wq.data_ptr(), wsf.data_ptr(),
             positions.data_ptr(), cos_sin_cache.shape[0], cos_sin_cache.data_ptr(), q_norm_weight.data_ptr(),
             k_norm_weight.data_ptr(), iqw, ikw, eps, slot_mapping.data_ptr(), isl, kv_cache.data_ptr(), ps, nb, ix,
@@ -541,25 +584,29 @@ def fused_fast_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k
             0 if cta_group is None else cta_group, 1 if use_pdl else 0, 0 if grid is None else grid, ef)
     if ext:
         vals += (_capi.CACHE_NVFP4, _capi.CACHE_NVFP4, 0, 0, 0)
+    if xb:
+        vals += (0,)  # x_bf16 = NULL: the MXFP8 activations above
     return dev, vals
 
 
 def fused_qkv_fast(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
                    index_k_norm_weight, eps, *, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
                    q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0, cta_group=None,
-                   use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None):
+                   use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None,
+                   x_bf16=None):
     """fused_qkv_impl with the flat checks first (the eager entry point)."""
     r = fused_fast_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
                         index_q_norm_weight, index_k_norm_weight, eps, slot_mapping, index_slot_mapping, kv_cache,
                         index_cache, index_q_out, q_out, q_fp8_out, q_fp8_scale, k_scale, v_scale, cta_group,
-                        use_pdl, grid, v_cache, nq, nkv, niq, nik, error_flags)
+                        use_pdl, grid, v_cache, nq, nkv, niq, nik, error_flags, x_bf16)
     if r is None or r[0] < 0 or r[0] != _current_device():
         return fused_qkv_impl(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight,
                               index_q_norm_weight, index_k_norm_weight, eps, slot_mapping=slot_mapping,
                               index_slot_mapping=index_slot_mapping, kv_cache=kv_cache, index_cache=index_cache,
                               index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out, q_fp8_scale=q_fp8_scale,
                               k_scale=k_scale, v_scale=v_scale, cta_group=cta_group, use_pdl=use_pdl, grid=grid,
-                              v_cache=v_cache, nq=nq, nkv=nkv, niq=niq, nik=nik, error_flags=error_flags)
+                              v_cache=v_cache, nq=nq, nkv=nkv, niq=niq, nik=nik, error_flags=error_flags,
+                              x_bf16=x_bf16)
     dev, vals = r
     a = _struct(_capi.FusedArgs)
     _packer()[0].pack_into(a, 0, *vals)
@@ -593,15 +640,16 @@ def qknorm_rope_kv_insert_impl(qkv, positions, cos_sin_cache, q_norm_weight, k_n
     _call(dev, lib.qknorm_rope_kv_insert, a)
 
 
-def mxfp8_gemm_impl(xq, xsf, wq, wsf, *, use_pdl=True, grid=None):
-    dev, m, n, k = _check_gemm(xq, xsf, wq, wsf)
+def mxfp8_gemm_impl(xq, xsf, wq, wsf, *, use_pdl=True, grid=None, x_bf16=None):
+    dev, m, n, k = _check_gemm(xq, xsf, wq, wsf, x_bf16)
     _cuda_dev("m3qkv.mxfp8_gemm", dev)
-    out = torch.empty((m, n), dtype=torch.bfloat16, device=dev)
     lib = _capi.library()
+    out = torch.empty((m, n), dtype=torch.bfloat16, device=dev)
     a = _struct(_capi.GemmArgs)
-    a.struct_size = ctypes.sizeof(a)
+    a.struct_size = lib.gemm_struct_size
     a.m, a.n, a.k = m, n, k
-    a.xq, a.xsf, a.wq, a.wsf = xq.data_ptr(), xsf.data_ptr(), wq.data_ptr(), wsf.data_ptr()
+    a.xq, a.xsf, a.wq, a.wsf = _ptr(xq), _ptr(xsf), wq.data_ptr(), wsf.data_ptr()
+    a.x_bf16 = _ptr(x_bf16)
     a.out = out.data_ptr()
     a.use_pdl = 1 if use_pdl else 0
     a.grid = 0 if grid is None else grid
@@ -635,10 +683,11 @@ def backend_impl(device=-1):
 def _fused_fake(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
                 index_k_norm_weight, eps, *, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out,
                 q_out=None, q_fp8_out=None, q_fp8_scale=1.0, k_scale=1.0, v_scale=1.0, cta_group=None,
-                use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None):
+                use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None, error_flags=None,
+                x_bf16=None):
     _check_fused(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
                  index_k_norm_weight, slot_mapping, index_slot_mapping, kv_cache, index_cache, index_q_out, q_out,
-                 q_fp8_out, v_cache, nq, nkv, niq, nik, error_flags, True)
+                 q_fp8_out, v_cache, nq, nkv, niq, nik, error_flags, True, x_bf16)
 
 
 def _insert_fake(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
@@ -650,9 +699,9 @@ def _insert_fake(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, in
                   q_fp8_out, v_cache, nq, nkv, niq, nik, error_flags, True)
 
 
-def _gemm_fake(xq, xsf, wq, wsf, *, use_pdl=True, grid=None):
-    dev, m, n, _ = _check_gemm(xq, xsf, wq, wsf)
-    return xq.new_empty((m, n), dtype=torch.bfloat16)
+def _gemm_fake(xq, xsf, wq, wsf, *, use_pdl=True, grid=None, x_bf16=None):
+    dev, m, n, _ = _check_gemm(xq, xsf, wq, wsf, x_bf16, True)
+    return wq.new_empty((m, n), dtype=torch.bfloat16)
 
 
 def _quantize_fake(x, *, use_pdl=True):

@@ -13,8 +13,9 @@ rounding of the contract is reproduced exactly, on any device torch runs on:
   - x·rc rounded toward zero is the exact f64 product rounded to f32 and
     stepped one ulp toward zero when that moved away from zero;
   - the e4m3 / bf16 / e2m1 conversions are bit manipulations on int64.
-The accumulator (mxfp8_acc) is an f64 matmul rounded once to f32: exact on the
-exact-data construction (make_exact_operands), within f64 rounding otherwise.
+The accumulator (mxfp8_acc; w8a16_acc for bf16 activations) is an f64 matmul
+rounded once to f32: exact on the exact-data construction (make_exact_operands,
+make_exact_bf16_activations), within f64 rounding otherwise.
 
 Used by `python -m m3qkv.demo` and the tests; python/tests/test_reference.py
 checks it against the C golden model byte for byte.
@@ -285,6 +286,29 @@ def mxfp8_acc(xq, xsf, wq, wsf) -> torch.Tensor:
     return (mxfp8_decode(xq, xsf, m, k) @ mxfp8_decode(wq, wsf, n, k).T).to(torch.float32)
 
 
+def w8a16_acc(x_bf16, wq, wsf) -> torch.Tensor:
+    """The f32 accumulator [M, N] with bf16 activations (x_bf16 [M, K], W8A16):
+    f64 matmul of float(x_bf16) and the decoded weight, rounded once (every
+    product is exact in f64), as the golden model's w8a16_acc."""
+    m, k = x_bf16.shape
+    n = wq.shape[0]
+    return (x_bf16.double() @ mxfp8_decode(wq, wsf, n, k).T).to(torch.float32)
+
+
+def dequantize_activations(xq, xsf) -> torch.Tensor:
+    """bf16 [M, K] holding exactly the values of the MXFP8 activations (xq, xsf):
+    w8a16_acc on it equals mxfp8_acc on them bit for bit. Raises ValueError when
+    a value is not exact in bf16 (scales outside the quantizer's range)."""
+    m, k = xq.shape
+    v = mxfp8_decode(xq, xsf, m, k)
+    x = v.to(torch.bfloat16)
+    bad = ~((x.double() == v) | (torch.isnan(v) & torch.isnan(x.double())))
+    if bool(bad.any()):
+        i = int(bad.flatten().nonzero()[0])
+        raise ValueError(f"dequantize_activations: element {i} = {float(v.flatten()[i])!r} is not exact in bf16")
+    return x
+
+
 # -------------------------------------------------------------- epilogue
 def head_rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma RMSNorm of head rows x f32 [..., 128] with bf16 weight w [128]."""
@@ -493,6 +517,26 @@ def make_exact_operands(m: int, k: int, n: int, generator: torch.Generator, devi
     wsf = (127 + bw + torch.randint(0, 2, (n, cols), generator=g)).to(torch.uint8)
     return (xq.to(torch.uint8).to(device), swizzle_scales(xsf).to(device),
             wq.to(torch.uint8).to(device), swizzle_scales(wsf).to(device))
+
+
+def make_exact_bf16_activations(m: int, k: int, generator: torch.Generator, device=None) -> torch.Tensor:
+    """bf16 activations [M, K] for the exact-data weights of make_exact_operands
+    (the recipe of tests/common/problem.cpp with cfg.x_bf16): per row a base
+    bx in [-2, 1] and 1 to 127 nonzeros ±j·2^(bx − 6), j in [1, 255] (up to 8
+    significant bits, exact in bf16). Every product with an exact weight is an
+    integer multiple j·w of p_min = 2^(bx − 6 + bw), j·w <= 1020, so every
+    partial sum is an integer < 127·1020 < 2^17 times p_min: exact in f32 in
+    any order."""
+    g = generator
+    x = torch.zeros(m, k, dtype=torch.float64)
+    nnz = torch.randint(1, 128, (m,), generator=g).clamp(max=k)
+    bx = torch.randint(-2, 2, (m,), generator=g)
+    for r in range(m):
+        idx = torch.randperm(k, generator=g)[: int(nnz[r])]
+        j = torch.randint(1, 256, (int(nnz[r]),), generator=g).double()
+        sign = torch.where(torch.randint(0, 2, (int(nnz[r]),), generator=g) == 1, -1.0, 1.0)
+        x[r, idx] = sign * j * 2.0 ** (int(bx[r]) - 6)
+    return x.to(torch.bfloat16).to(device)
 
 
 def rope_table(max_position: int, device=None) -> torch.Tensor:

@@ -39,7 +39,8 @@ def pytest_report_header(config):
     try:
         lib = m3qkv.library()
         lines.append(f"libm3qkv: {lib.path} (fused args {lib.fused_struct_size} B, "
-                     f"FP8/BF16 cache formats: {'yes' if lib.cache_formats else 'no'})")
+                     f"FP8/BF16 cache formats: {'yes' if lib.cache_formats else 'no'}, "
+                     f"bf16 activations (x_bf16): {'yes' if lib.x_bf16 else 'no'})")
     except ImportError as e:
         lines.append(f"libm3qkv: not loadable: {e}")
     return lines

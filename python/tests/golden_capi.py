@@ -57,10 +57,17 @@ class Golden:
         a.q_fp8_scale, a.k_scale, a.v_scale = p["q_fp8_scale"], p["k_scale"], p["v_scale"]
 
     def fused_args(self, p, out):
+        """p["x_bf16"] (bf16 [M, K]), when present and not None, replaces xq / xsf."""
         a = self.fused_cls()
         self._fill(a, p, out)
-        a.k = p["xq"].shape[1]
-        a.xq, a.xsf, a.wq, a.wsf = (_ptr(p[n]) for n in ("xq", "xsf", "wq", "wsf"))
+        xb = p.get("x_bf16")
+        a.k = (p["xq"] if xb is None else xb).shape[1]
+        a.wq, a.wsf = _ptr(p["wq"]), _ptr(p["wsf"])
+        if xb is None:
+            a.xq, a.xsf = _ptr(p["xq"]), _ptr(p["xsf"])
+        else:
+            assert hasattr(a, "x_bf16"), "the golden model predates x_bf16"
+            a.xq, a.xsf, a.x_bf16 = None, None, _ptr(xb)
         return a
 
     def epilogue(self, p, acc, out):
@@ -100,13 +107,18 @@ class Golden:
         return xq, xsf
 
     def gemm(self, p):
-        m, k = p["xq"].shape
+        xb = p.get("x_bf16")
+        m, k = (p["xq"] if xb is None else xb).shape
         n = p["wq"].shape[0]
         out = torch.empty(m, n, dtype=torch.bfloat16)
         a = _capi.GemmArgs()
         a.struct_size = ctypes.sizeof(a)
         a.m, a.n, a.k = m, n, k
-        a.xq, a.xsf, a.wq, a.wsf = (_ptr(p[x]) for x in ("xq", "xsf", "wq", "wsf"))
+        a.wq, a.wsf = _ptr(p["wq"]), _ptr(p["wsf"])
+        if xb is None:
+            a.xq, a.xsf = _ptr(p["xq"]), _ptr(p["xsf"])
+        else:
+            a.x_bf16 = _ptr(xb)
         a.out = out.data_ptr()
         self.dll.m3qkv_golden_gemm(ctypes.addressof(a))
         return out

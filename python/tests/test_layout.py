@@ -110,16 +110,24 @@ def test_offsets_and_sizes_match_c(header_text, repo_root, tmp_path):
             if c[(kind, f)] != (desc.offset, desc.size):
                 bad.append(f"{kind}.{f}: offset/size C {c[(kind, f)]} vs ctypes {(desc.offset, desc.size)}")
     assert not bad, "\n".join(bad)
-    # The pre-cache-format layouts are prefixes of the full ones.
-    for v0, full in [(_capi.FusedArgsV0, _capi.FusedArgs), (_capi.InsertArgsV0, _capi.InsertArgs)]:
+    # The released older layouts (0.1; 0.2 without x_bf16) are prefixes of the
+    # full ones, each ending where the next release's first field starts.
+    for v0, full in [(_capi.FusedArgsV0, _capi.FusedArgs), (_capi.FusedArgsV0_2, _capi.FusedArgs),
+                     (_capi.FusedArgsV0, _capi.FusedArgsV0_2), (_capi.InsertArgsV0, _capi.InsertArgs),
+                     (_capi.GemmArgsV0, _capi.GemmArgs)]:
         assert full._fields_[:len(v0._fields_)] == v0._fields_
         assert getattr(full, full._fields_[len(v0._fields_)][0]).offset == ctypes.sizeof(v0)
+    # The sizes the library pins for each release (src/host/validate.cpp).
+    assert [ctypes.sizeof(c) for c in _capi.STRUCTS["fused"][1]] == [304, 296, 264]
+    assert [ctypes.sizeof(c) for c in _capi.STRUCTS["gemm"][1]] == [88, 80]
+    assert [ctypes.sizeof(c) for c in _capi.STRUCTS["insert"][1]] == [264, 232]
 
 
 def test_library_accepts_its_struct_size():
     lib = _capi.library()
-    assert lib.fused_struct_size in (ctypes.sizeof(_capi.FusedArgs), ctypes.sizeof(_capi.FusedArgsV0))
+    assert lib.fused_struct_size in [ctypes.sizeof(c) for c in _capi.STRUCTS["fused"][1]]
     assert lib.insert_struct_size in (ctypes.sizeof(_capi.InsertArgs), ctypes.sizeof(_capi.InsertArgsV0))
+    assert lib.gemm_struct_size in (ctypes.sizeof(_capi.GemmArgs), ctypes.sizeof(_capi.GemmArgsV0))
     # A size no release has is refused with STRUCT_SIZE and a message naming it.
     a = _capi.FusedArgs()
     a.struct_size = 8

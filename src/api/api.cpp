@@ -186,9 +186,21 @@ m3qkv_status choose_fused(const char* fn, const DeviceInfo& d, m3qkv_backend_kin
   return M3QKV_SUCCESS;
 }
 
+// bf16 activations (x_bf16, appended in 0.3): the portable backend runs
+// them; SM90 receives them with the rest of the args (its kernels read
+// x_bf16); the SM100 kernel has no bf16-activation mainloop and refuses them
+// by name, before anything is launched.
+m3qkv_status check_x_bf16_backend(m3qkv_backend_kind b, const m3qkv_fused_args& a) {
+  if (a.x_bf16 == nullptr || b != M3QKV_BACKEND_SM100) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+              "m3qkv_fused_qkv: x_bf16 (bf16 activations) is not supported by the sm100 backend; pass xq/xsf or use "
+              "M3QKV_BACKEND=sm90/portable");
+}
+
 m3qkv_status launch_fused(m3qkv_backend_kind b, const m3qkv_fused_args& a, const DeviceInfo& d, float* acc_tap,
                           cudaStream_t s) {
   (void)a, (void)d, (void)acc_tap, (void)s;  // unused when no backend is compiled in
+  M3QKV_TRY(check_x_bf16_backend(b, a));
   m3qkv_status st = M3QKV_ERROR_INTERNAL;
   bool compiled = false;  // choose_fused only returns backends that are compiled in
   switch (b) {

@@ -360,6 +360,43 @@ std::vector<float> mxfp8_acc(const uint8_t* xq, const uint8_t* xsf, const uint8_
   return out;
 }
 
+std::vector<double> bf16_decode(const uint16_t* x, int64_t rows, int64_t k) {
+  std::vector<double> out(size_t(rows * k));
+  for (int64_t i = 0; i < rows * k; ++i) out[size_t(i)] = bf16_to_f32(x[i]);  // exact (NaN, inf kept)
+  return out;
+}
+
+std::vector<double> w8a16_acc_f64(const uint16_t* x_bf16, const uint8_t* wq, const uint8_t* wsf, int64_t m,
+                                  int64_t n, int64_t k) {
+  std::vector<double> out(size_t(m * n));
+  const auto a = bf16_decode(x_bf16, m, k);
+  const auto b = mxfp8_decode(wq, wsf, n, k);
+  gemm_f64(a, b, m, n, k, [&](int64_t i, int64_t j, double v) { out[size_t(i * n + j)] = v; });
+  return out;
+}
+
+void w8a16_acc(const uint16_t* x_bf16, const uint8_t* wq, const uint8_t* wsf, int64_t m, int64_t n, int64_t k,
+               float* acc) {
+  const auto a = bf16_decode(x_bf16, m, k);
+  const auto b = mxfp8_decode(wq, wsf, n, k);
+  gemm_f64(a, b, m, n, k, [&](int64_t i, int64_t j, double v) { acc[i * n + j] = static_cast<float>(v); });
+}
+
+std::vector<float> w8a16_acc(const uint16_t* x_bf16, const uint8_t* wq, const uint8_t* wsf, int64_t m, int64_t n,
+                             int64_t k) {
+  std::vector<float> out(size_t(m * n));
+  w8a16_acc(x_bf16, wq, wsf, m, n, k, out.data());
+  return out;
+}
+
+std::vector<float> fused_acc(const m3qkv_fused_args& a) {
+  const int64_t n = int64_t(total_heads(a.nq, a.nkv, a.niq, a.nik)) * kHeadDim;
+  const auto* wq = static_cast<const uint8_t*>(a.wq);
+  const auto* wsf = static_cast<const uint8_t*>(a.wsf);
+  if (a.x_bf16 != nullptr) return w8a16_acc(static_cast<const uint16_t*>(a.x_bf16), wq, wsf, a.m, n, a.k);
+  return mxfp8_acc(static_cast<const uint8_t*>(a.xq), static_cast<const uint8_t*>(a.xsf), wq, wsf, a.m, n, a.k);
+}
+
 // ------------------------------------------------------------- per head
 void head_rms(const float x[128], const uint16_t w_bf16[128], float eps, float y[128]) {
   float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -416,9 +453,7 @@ void epilogue(const m3qkv_fused_args& a, const float* acc, uint32_t* flags) {
 }
 
 void fused_qkv(const m3qkv_fused_args& a, uint32_t* flags) {
-  const int64_t n = int64_t(total_heads(a.nq, a.nkv, a.niq, a.nik)) * kHeadDim;
-  const auto acc = mxfp8_acc(static_cast<const uint8_t*>(a.xq), static_cast<const uint8_t*>(a.xsf),
-                             static_cast<const uint8_t*>(a.wq), static_cast<const uint8_t*>(a.wsf), a.m, n, a.k);
+  const auto acc = fused_acc(a);
   epilogue(a, acc.data(), flags);
 }
 
@@ -432,8 +467,12 @@ void insert(const m3qkv_insert_args& a, uint32_t* flags) {
 }
 
 void gemm_bf16(const m3qkv_gemm_args& a) {
-  const auto acc = mxfp8_acc(static_cast<const uint8_t*>(a.xq), static_cast<const uint8_t*>(a.xsf),
-                             static_cast<const uint8_t*>(a.wq), static_cast<const uint8_t*>(a.wsf), a.m, a.n, a.k);
+  const auto* wq = static_cast<const uint8_t*>(a.wq);
+  const auto* wsf = static_cast<const uint8_t*>(a.wsf);
+  const auto acc = a.x_bf16 != nullptr
+                       ? w8a16_acc(static_cast<const uint16_t*>(a.x_bf16), wq, wsf, a.m, a.n, a.k)
+                       : mxfp8_acc(static_cast<const uint8_t*>(a.xq), static_cast<const uint8_t*>(a.xsf), wq, wsf,
+                                   a.m, a.n, a.k);
   uint16_t* out = static_cast<uint16_t*>(a.out);
   for (int64_t i = 0; i < a.m * a.n; ++i) out[i] = f32_to_bf16_rn_soft(acc[size_t(i)]);
 }

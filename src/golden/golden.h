@@ -39,6 +39,23 @@ std::vector<double> mxfp8_acc_f64(const uint8_t* xq, const uint8_t* xsf, const u
 // Decodes one MXFP8 operand to f64 [rows, k] (value = e4m3 · 2^(sf - 127)), exact.
 std::vector<double> mxfp8_decode(const uint8_t* q, const uint8_t* sf, int64_t rows, int64_t k);
 
+// bf16 activations (W8A16, x_bf16 of m3qkv_fused_args / m3qkv_gemm_args):
+// acc[m][n] = Σ_k float(x_bf16[m,k]) · e4m3(wq[n,k])·2^ew. Every product is
+// exact in f64 (8 + 4 significant bits); the sum is the same f64 sum in the
+// same fixed order as mxfp8_acc, rounded once to f32, so on x_bf16 holding
+// exactly the dequantized values of (xq, xsf) both give the same bits.
+void w8a16_acc(const uint16_t* x_bf16, const uint8_t* wq, const uint8_t* wsf, int64_t m, int64_t n, int64_t k,
+               float* acc);
+std::vector<float> w8a16_acc(const uint16_t* x_bf16, const uint8_t* wq, const uint8_t* wsf, int64_t m, int64_t n,
+                             int64_t k);
+std::vector<double> w8a16_acc_f64(const uint16_t* x_bf16, const uint8_t* wq, const uint8_t* wsf, int64_t m,
+                                  int64_t n, int64_t k);
+// bf16 [rows, k] -> f64 (exact).
+std::vector<double> bf16_decode(const uint16_t* x, int64_t rows, int64_t k);
+// The accumulator [m, N] of a fused call: w8a16_acc when a.x_bf16 is set,
+// else mxfp8_acc (host pointers).
+std::vector<float> fused_acc(const m3qkv_fused_args& a);
+
 // ------------------------------------------------------------- epilogue
 // The complete epilogue of docs/contract.md §3 on an f32 accumulator acc [m, N]
 // (row-major, N = (nq + 2nkv + niq + nik)·128), with the layouts of §4 and the
@@ -53,11 +70,11 @@ std::vector<double> mxfp8_decode(const uint8_t* q, const uint8_t* sf, int64_t ro
 // Two tokens that name the same slot: which one lands is unspecified (as on
 // the GPU). Bytes of the caches other than the written tokens are not touched.
 void epilogue(const m3qkv_fused_args& a, const float* acc, uint32_t* flags);
-// mxfp8_acc + epilogue.
+// fused_acc (MXFP8 or bf16 activations) + epilogue.
 void fused_qkv(const m3qkv_fused_args& a, uint32_t* flags);
 // The epilogue on float(bf16 a.qkv).
 void insert(const m3qkv_insert_args& a, uint32_t* flags);
-// out = bf16_rn(acc) (m3qkv_mxfp8_gemm).
+// out = bf16_rn(acc) (m3qkv_mxfp8_gemm; acc of a.x_bf16 when set, else of xq / xsf).
 void gemm_bf16(const m3qkv_gemm_args& a);
 
 // ------------------------------------------------- per-head pieces (tests)

@@ -25,7 +25,7 @@ std::string ProblemConfig::describe() const {
      << " exact=" << exact_data << " seed=" << seed << " skip=" << slot_skip_fraction
      << " oor_slots=" << out_of_range_slots << " oor_positions=" << out_of_range_positions
      << " kv_dtype=" << kv_dtype << " index_dtype=" << index_dtype << " kv_head_major=" << kv_head_major
-     << " kv_row_pad=" << kv_row_pad << " kv_interleaved=" << kv_interleaved;
+     << " kv_row_pad=" << kv_row_pad << " kv_interleaved=" << kv_interleaved << " x_bf16=" << x_bf16;
   return os.str();
 }
 
@@ -34,10 +34,9 @@ float Problem::v_sf() const { return rcp_rn(cfg.v_scale); }
 
 namespace {
 
-// Random data of one MXFP8 operand [rows, k]: bf16 ~ N(0, sigma·row_scale)
-// quantized by the golden quantizer.
-void random_mxfp8(std::mt19937_64& rng, int64_t rows, int64_t k, double sigma, bool row_variation, bool outliers,
-                  std::vector<uint8_t>& q, std::vector<uint8_t>& sf) {
+// Random bf16 data [rows, k] ~ N(0, sigma·row_scale).
+std::vector<uint16_t> random_bf16(std::mt19937_64& rng, int64_t rows, int64_t k, double sigma, bool row_variation,
+                                  bool outliers) {
   std::normal_distribution<double> nd(0.0, 1.0);
   std::uniform_real_distribution<double> ud(0.0, 1.0);
   std::vector<uint16_t> x(size_t(rows * k));
@@ -49,6 +48,14 @@ void random_mxfp8(std::mt19937_64& rng, int64_t rows, int64_t k, double sigma, b
       x[size_t(r * k + c)] = f32_to_bf16_rn_soft(float(v));
     }
   }
+  return x;
+}
+
+// Random data of one MXFP8 operand [rows, k]: random_bf16 quantized by the
+// golden quantizer.
+void random_mxfp8(std::mt19937_64& rng, int64_t rows, int64_t k, double sigma, bool row_variation, bool outliers,
+                  std::vector<uint8_t>& q, std::vector<uint8_t>& sf) {
+  const std::vector<uint16_t> x = random_bf16(rng, rows, k, sigma, row_variation, outliers);
   q.assign(size_t(rows * k), 0);
   sf.assign(size_t(f8_128x4_bytes(rows, k / 32)), 0);
   mxfp8_quantize(x.data(), rows, k, q.data(), sf.data());
@@ -97,6 +104,31 @@ void exact_operands(std::mt19937_64& rng, Problem& p) {
     if (r % 128 == 0) bw = base(rng);  // one base per head: heads differ in magnitude
     for (int64_t c = 0; c < cols; ++c) p.wsf[size_t(f8_128x4_offset(r, c, cols))] = uint8_t(127 + bw + int(rng() & 1));
     for (int64_t i = 0; i < k; ++i) p.wq[size_t(r * k + i)] = exact_code(rng);
+  }
+}
+
+// Exact bf16 activations (cfg.x_bf16 with exact data; bound at
+// kExactBf16Log2Bound): row r has a base exponent bx in [-2, 1] and between 1
+// and kExactMaxNonzero nonzeros ±j·2^(bx − 6), j uniform in [1, 255] (odd and
+// even j: up to 8 significant bits, exact in bf16). Replaces xq / xsf.
+void exact_bf16_activations(std::mt19937_64& rng, Problem& p) {
+  const int64_t m = p.m, k = p.k;
+  std::uniform_int_distribution<int> base(-2, 1);
+  std::uniform_int_distribution<int> jd(1, kExactBf16MaxJ);
+  p.xq.clear();
+  p.xsf.clear();
+  p.x_bf16.assign(size_t(m * k), 0);
+  std::vector<int64_t> idx(static_cast<size_t>(k));
+  for (int64_t r = 0; r < m; ++r) {
+    const int bx = base(rng);
+    const int64_t nnz = std::min<int64_t>(k, 1 + int64_t(rng() % kExactMaxNonzero));
+    for (int64_t i = 0; i < k; ++i) idx[size_t(i)] = i;
+    for (int64_t i = 0; i < nnz; ++i) {
+      const int64_t j = i + int64_t(rng() % uint64_t(k - i));
+      std::swap(idx[size_t(i)], idx[size_t(j)]);
+      const double v = std::ldexp(double(jd(rng)), bx - 6) * ((rng() & 1) ? -1.0 : 1.0);
+      p.x_bf16[size_t(r * k + idx[size_t(i)])] = f32_to_bf16_rn_soft(float(v));  // exact: j < 2^8
+    }
   }
 }
 
@@ -172,8 +204,13 @@ Problem build_problem(const ProblemConfig& cfg_in) {
   std::mt19937_64 rng(cfg.seed);
   if (cfg.exact_data) {
     exact_operands(rng, p);
+    if (cfg.x_bf16) exact_bf16_activations(rng, p);
   } else {
-    random_mxfp8(rng, p.m, p.k, 1.0, true, true, p.xq, p.xsf);
+    if (cfg.x_bf16) {
+      p.x_bf16 = random_bf16(rng, p.m, p.k, 1.0, true, true);
+    } else {
+      random_mxfp8(rng, p.m, p.k, 1.0, true, true, p.xq, p.xsf);
+    }
     random_mxfp8(rng, p.n(), p.k, 0.02, false, false, p.wq, p.wsf);
   }
 
@@ -229,7 +266,8 @@ std::vector<HostBuffer> Problem::inputs() const {
           hb("index_q_norm_weight", index_q_norm_weight),
           hb("index_k_norm_weight", index_k_norm_weight),
           hb("slot_mapping", slot_mapping),
-          hb("index_slot_mapping", index_slot_mapping)};
+          hb("index_slot_mapping", index_slot_mapping),
+          hb("x_bf16", x_bf16)};
 }
 
 HostOutputs Problem::make_outputs(uint8_t poison) const {
@@ -314,11 +352,12 @@ m3qkv_fused_args Problem::args_with(const std::function<const void*(const HostBu
   fill_common(*this, a, map, out);
   a.k = k;
   const auto in = inputs();
-  a.xq = map(in[0]);
-  a.xsf = map(in[1]);
+  a.xq = cfg.x_bf16 ? nullptr : map(in[0]);
+  a.xsf = cfg.x_bf16 ? nullptr : map(in[1]);
   a.wq = map(in[2]);
   a.wsf = map(in[3]);
   a.cta_group = 0;
+  a.x_bf16 = cfg.x_bf16 ? map(in.back()) : nullptr;
   return a;
 }
 
@@ -338,6 +377,28 @@ m3qkv_insert_args Problem::insert_args_with(const std::function<const void*(cons
 
 m3qkv_insert_args Problem::host_insert_args(const void* qkv, const OutputPtrs& out) const {
   return insert_args_with([](const HostBuffer& b) { return b.data; }, qkv, out);
+}
+
+std::vector<float> problem_acc(const Problem& p) {
+  HostOutputs o;  // no outputs: the accumulator needs the operands only
+  return fused_acc(p.host_args(o.ptrs()));
+}
+
+Problem with_dequantized_x_bf16(const Problem& p) {
+  if (p.cfg.x_bf16) throw std::invalid_argument("with_dequantized_x_bf16: the problem has bf16 activations already");
+  const auto v = mxfp8_decode(p.xq.data(), p.xsf.data(), p.m, p.k);
+  Problem q = p;
+  q.cfg.x_bf16 = true;
+  q.x_bf16.resize(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    q.x_bf16[i] = f32_to_bf16_rn_soft(float(v[i]));
+    if (!(double(bf16_to_f32(q.x_bf16[i])) == v[i]))
+      throw std::invalid_argument("with_dequantized_x_bf16: element " + std::to_string(i) + " = " +
+                                  std::to_string(v[i]) + " is not exact in bf16");
+  }
+  q.xq.clear();
+  q.xsf.clear();
+  return q;
 }
 
 HostOutputs golden_outputs(const Problem& p, uint8_t poison, const float* acc) {

@@ -51,6 +51,13 @@ struct ProblemConfig {
   float v_scale = 2.0f;
   float eps = 1e-6f;
   bool exact_data = false;
+  // bf16 activations (x_bf16 of m3qkv_fused_args; xq / xsf stay empty and
+  // NULL in the args). Exact data: x elements ±j·2^(bx−6), j in [1, 255]
+  // (8 significant bits: every bit of the bf16 significand matters), as sparse
+  // as the MXFP8 exact data, with the same exact weights (bound at
+  // kExactBf16Log2Bound). Random data: the bf16 activations themselves, not
+  // quantized (the same draws the MXFP8 problem of this seed quantizes).
+  bool x_bf16 = false;
   // Seed of the generator (std::mt19937_64; any value). The tests'
   // m3qkv_test::make_problem replaces 0 with m3qkv_test::test_seed().
   uint64_t seed = 0;
@@ -79,6 +86,16 @@ struct ProblemConfig {
 constexpr int kExactMaxNonzero = 127;
 constexpr int kExactLog2Ratio = 4;
 static_assert(kExactMaxNonzero * (1 << kExactLog2Ratio) < (1 << 11), "exact-data bound");
+// Exact data with bf16 activations: per dot product at most kExactMaxNonzero
+// nonzero products, each an integer multiple j·w of p_min = 2^(bx − 6 + bw)
+// with j <= 255 and w <= 4, so every partial sum, in any order, is an integer
+// times p_min of magnitude < 2^kExactBf16Log2Bound: exact in f32 (24 bits),
+// also for an accumulator that aligns the addends to the largest and cuts
+// the bits below its 24-bit window (the bf16 MMAs' f32 accumulation).
+constexpr int kExactBf16MaxJ = 255;
+constexpr int kExactBf16Log2Bound = 17;
+static_assert(int64_t{kExactMaxNonzero} * kExactBf16MaxJ * 4 < (int64_t{1} << kExactBf16Log2Bound),
+              "exact-data bound (bf16 activations)");
 
 // One input buffer of the problem (host bytes).
 struct HostBuffer {
@@ -122,7 +139,8 @@ struct Problem {
   int64_t kv_token_stride = 0, kv_head_stride = 0;  // FP8 / BF16 KV (0 for NVFP4)
   int64_t v_in_kv = -1;  // interleaved: byte offset of v_cache in kv_cache; -1: separate buffer
 
-  std::vector<uint8_t> xq, xsf, wq, wsf;
+  std::vector<uint8_t> xq, xsf, wq, wsf;  // xq, xsf empty with cfg.x_bf16
+  std::vector<uint16_t> x_bf16;           // bf16 [m, k] with cfg.x_bf16, else empty
   std::vector<int64_t> positions;
   std::vector<uint16_t> cos_sin_cache;  // bf16 [max_position, 64]
   std::vector<uint16_t> q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_norm_weight;  // bf16 [128]
@@ -147,8 +165,9 @@ struct Problem {
   float k_sf() const;  // RN(1/k_scale) as the quantizer uses it
   float v_sf() const;
 
-  // The inputs, in m3qkv_fused_args order; index_* buffers are empty when the
-  // head count is 0 (their fields are then null).
+  // The inputs, in m3qkv_fused_args order (x_bf16, appended in 0.3, last);
+  // index_* buffers are empty when the head count is 0, xq / xsf with
+  // cfg.x_bf16 and x_bf16 without it (their fields are then null).
   std::vector<HostBuffer> inputs() const;
   // Outputs sized for this problem, every byte = poison (flags = 0).
   HostOutputs make_outputs(uint8_t poison) const;
@@ -173,6 +192,16 @@ Problem build_problem(const ProblemConfig& cfg);
 // Golden reference outputs for a problem: poisoned outputs, then the golden
 // epilogue on `acc` (or on the golden accumulator when acc == nullptr).
 HostOutputs golden_outputs(const Problem& p, uint8_t poison, const float* acc = nullptr);
+
+// The golden f32 accumulator [m, N] of p: w8a16_acc on x_bf16 or mxfp8_acc on
+// (xq, xsf) (golden::fused_acc).
+std::vector<float> problem_acc(const Problem& p);
+
+// p with its MXFP8 activations replaced by bf16 ones holding exactly their
+// values (bf16_rn(e4m3(xq)·2^e), every one checked to be exact; throws
+// std::invalid_argument otherwise): cfg.x_bf16 = true, xq / xsf empty. Its
+// golden accumulator has the bits of p's.
+Problem with_dequantized_x_bf16(const Problem& p);
 
 }  // namespace golden
 }  // namespace m3qkv

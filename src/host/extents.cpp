@@ -85,12 +85,15 @@ void epilogue(Builder& b, const A& a) {
   b.buffer("error_flags", a.error_flags, 4, kOut);
 }
 
-// MXFP8 operands of an [m, k] x [n, k]^T GEMM; the scales as the F8_128x4
-// buffers the header documents (rows padded to 128: TMA reads them whole).
+// Operands of an [m, k] x [n, k]^T GEMM: MXFP8 (the scales as the F8_128x4
+// buffers the header documents, rows padded to 128: TMA reads them whole) or
+// bf16 activations x_bf16 [m, k] (validation lets one of the two through; the
+// NULL ones add nothing).
 void gemm_operands(Builder& b, int64_t m, int64_t n, int64_t k, const void* xq, const void* xsf, const void* wq,
-                   const void* wsf) {
+                   const void* wsf, const void* x_bf16) {
   b.buffer("xq", xq, m * k, kIn);
   b.buffer("xsf", xsf, f8_128x4_bytes(m, k / kMxBlock), kIn);
+  b.buffer("x_bf16", x_bf16, m * k * 2, kIn);
   b.buffer("wq", wq, n * k, kIn);
   b.buffer("wsf", wsf, f8_128x4_bytes(n, k / kMxBlock), kIn);
 }
@@ -159,7 +162,7 @@ m3qkv_status check_overlaps(const char* fn, Extents* e) {
 
 m3qkv_status fused_extents(const char* fn, const m3qkv_fused_args& a, Extents* out) {
   Builder b(fn, out);
-  gemm_operands(b, a.m, heads_n(a.nq, a.nkv, a.niq, a.nik), a.k, a.xq, a.xsf, a.wq, a.wsf);
+  gemm_operands(b, a.m, heads_n(a.nq, a.nkv, a.niq, a.nik), a.k, a.xq, a.xsf, a.wq, a.wsf, a.x_bf16);
   epilogue(b, a);
   return b.status();
 }
@@ -173,7 +176,7 @@ m3qkv_status insert_extents(const char* fn, const m3qkv_insert_args& a, Extents*
 
 m3qkv_status gemm_extents(const char* fn, const m3qkv_gemm_args& a, Extents* out) {
   Builder b(fn, out);
-  gemm_operands(b, a.m, a.n, a.k, a.xq, a.xsf, a.wq, a.wsf);
+  gemm_operands(b, a.m, a.n, a.k, a.xq, a.xsf, a.wq, a.wsf, a.x_bf16);
   b.buffer("out", a.out, a.m * a.n * 2, kOut);
   return b.status();
 }

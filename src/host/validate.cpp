@@ -85,13 +85,14 @@ struct Ctx {
 // status with a message naming the function, the argument and its value.
 // ---------------------------------------------------------------------------
 
-// sizeof of each struct in the first release (0.1): the end of its last
-// field, rounded up to the struct's alignment. Fields are only ever appended,
-// so these stay valid when later versions grow the structs.
+// sizeof of each struct in each release: the end of its last field of that
+// release, rounded up to the struct's alignment. Fields are only ever
+// appended, so these stay valid when later versions grow the structs.
 template <class A>
 constexpr size_t released_size(size_t end_of_last_field) {
   return (end_of_last_field + alignof(A) - 1) / alignof(A) * alignof(A);
 }
+// 0.1: the first release.
 constexpr size_t kFusedArgsSizeV1 =
     released_size<m3qkv_fused_args>(offsetof(m3qkv_fused_args, error_flags) + sizeof(uint32_t*));
 constexpr size_t kInsertArgsSizeV1 =
@@ -99,35 +100,78 @@ constexpr size_t kInsertArgsSizeV1 =
 constexpr size_t kGemmArgsSizeV1 = released_size<m3qkv_gemm_args>(offsetof(m3qkv_gemm_args, grid) + sizeof(int32_t));
 constexpr size_t kQuantizeArgsSizeV1 =
     released_size<m3qkv_quantize_args>(offsetof(m3qkv_quantize_args, use_pdl) + sizeof(int32_t));
-// The 0.1 sizes on LP64 (what binaries built against 0.1 pass).
+// 0.2: the cache formats (kv_cache_dtype ... kv_head_stride) appended to the
+// fused and insert structs; gemm and quantize unchanged.
+constexpr size_t kFusedArgsSizeV2 =
+    released_size<m3qkv_fused_args>(offsetof(m3qkv_fused_args, kv_head_stride) + sizeof(int64_t));
+constexpr size_t kInsertArgsSizeV2 =
+    released_size<m3qkv_insert_args>(offsetof(m3qkv_insert_args, kv_head_stride) + sizeof(int64_t));
+constexpr size_t kGemmArgsSizeV2 = kGemmArgsSizeV1;
+constexpr size_t kQuantizeArgsSizeV2 = kQuantizeArgsSizeV1;
+// 0.3 (this header): x_bf16 appended to the fused and gemm structs; their
+// sizeof. The insert and quantize structs are unchanged since 0.2 / 0.1.
+// The released sizes on LP64 (what binaries built against each release pass).
 static_assert(sizeof(void*) != 8 || (kFusedArgsSizeV1 == 264 && kInsertArgsSizeV1 == 232 &&
                                      kGemmArgsSizeV1 == 80 && kQuantizeArgsSizeV1 == 56),
               "a field of a released struct moved");
+static_assert(sizeof(void*) != 8 || (kFusedArgsSizeV2 == 296 && kInsertArgsSizeV2 == 264),
+              "a field of a released struct moved");
+static_assert(sizeof(void*) != 8 || (sizeof(m3qkv_fused_args) == 304 && sizeof(m3qkv_gemm_args) == 88 &&
+                                     sizeof(m3qkv_insert_args) == 264 && sizeof(m3qkv_quantize_args) == 56),
+              "the 0.3 sizes (x_bf16 appended to the fused and gemm structs)");
 
+// The sizes of A in 0.1, 0.2 and this version, in that order.
 template <class A>
-constexpr size_t size_v1();
+struct Released {
+  size_t size[3];
+};
+template <class A>
+constexpr Released<A> released_sizes();
 template <>
-constexpr size_t size_v1<m3qkv_fused_args>() { return kFusedArgsSizeV1; }
+constexpr Released<m3qkv_fused_args> released_sizes<m3qkv_fused_args>() { return {{kFusedArgsSizeV1, kFusedArgsSizeV2, sizeof(m3qkv_fused_args)}}; }
 template <>
-constexpr size_t size_v1<m3qkv_insert_args>() { return kInsertArgsSizeV1; }
+constexpr Released<m3qkv_insert_args> released_sizes<m3qkv_insert_args>() {
+  return {{kInsertArgsSizeV1, kInsertArgsSizeV2, sizeof(m3qkv_insert_args)}};
+}
 template <>
-constexpr size_t size_v1<m3qkv_gemm_args>() { return kGemmArgsSizeV1; }
+constexpr Released<m3qkv_gemm_args> released_sizes<m3qkv_gemm_args>() { return {{kGemmArgsSizeV1, kGemmArgsSizeV2, sizeof(m3qkv_gemm_args)}}; }
 template <>
-constexpr size_t size_v1<m3qkv_quantize_args>() { return kQuantizeArgsSizeV1; }
+constexpr Released<m3qkv_quantize_args> released_sizes<m3qkv_quantize_args>() {
+  return {{kQuantizeArgsSizeV1, kQuantizeArgsSizeV2, sizeof(m3qkv_quantize_args)}};
+}
 
-// struct_size must be a released size: 0.1's or this header's sizeof. A size
-// in between would cut a field in half.
+// struct_size must be a released size (0.1's, 0.2's or this header's
+// sizeof). A size in between would cut a field in half.
 template <class A>
 m3qkv_status check_struct_size(Ctx c, size_t got, const char* type) {
-  const size_t v1 = size_v1<A>();
-  if (got == sizeof(A) || got == v1) return M3QKV_SUCCESS;
-  if (v1 == sizeof(A)) {
+  constexpr Released<A> r = released_sizes<A>();
+  static const char* const kRelease[3] = {"m3qkv 0.1", "m3qkv 0.2", "this version"};
+  for (size_t s : r.size)
+    if (got == s) return M3QKV_SUCCESS;
+  if (r.size[0] == sizeof(A)) {
     return fail(M3QKV_ERROR_STRUCT_SIZE, "%s: struct_size = %zu is not sizeof(%s) = %zu", c.fn, got, type,
                 sizeof(A));
   }
-  return fail(M3QKV_ERROR_STRUCT_SIZE,
-              "%s: struct_size = %zu is not the size of a released %s: %zu (m3qkv 0.1) or %zu (this version)", c.fn,
-              got, type, v1, sizeof(A));
+  // "264 (m3qkv 0.1), 296 (m3qkv 0.2) or 304 (this version)": each size once,
+  // named by the first release that has it (and "this version" when it is
+  // this header's sizeof too).
+  size_t uniq[3];
+  int first[3], n = 0;
+  for (int i = 0; i < 3; ++i) {
+    bool seen = false;
+    for (int j = 0; j < n; ++j) seen = seen || uniq[j] == r.size[i];
+    if (!seen) uniq[n] = r.size[i], first[n++] = i;
+  }
+  char list[192];
+  int pos = 0;
+  for (int j = 0; j < n; ++j) {
+    const bool also_this = first[j] != 2 && uniq[j] == sizeof(A);
+    pos += std::snprintf(list + pos, sizeof(list) - static_cast<size_t>(pos), "%s%zu (%s%s)",
+                         j == 0 ? "" : (j == n - 1 ? " or " : ", "), uniq[j], kRelease[first[j]],
+                         also_this ? ", this version" : "");
+  }
+  return fail(M3QKV_ERROR_STRUCT_SIZE, "%s: struct_size = %zu is not the size of a released %s: %s", c.fn, got, type,
+              list);
 }
 
 m3qkv_status positive(Ctx c, const char* name, int64_t v) {
@@ -241,10 +285,12 @@ m3qkv_status check_grid(Ctx c, int32_t grid) {
   return in_range(c, "grid", grid, 0, INT32_MAX, ">= 0 (0 = auto)");
 }
 
-// The MXFP8 operands of an [M, K] x [N, K]^T GEMM (fused and gemm).
+// The operands of an [M, K] x [N, K]^T GEMM (fused and gemm): the MXFP8
+// weight and either the MXFP8 activations (xq, xsf) or bf16 ones (x_bf16).
 struct GemmOperands {
   int64_t m, n, k;
   const void *xq, *xsf, *wq, *wsf;
+  const void* x_bf16;
 };
 
 // Byte extents of the operands fit int64 (m, n, k are already bounded, this
@@ -254,6 +300,7 @@ m3qkv_status check_gemm_sizes(Ctx c, const GemmOperands& g) {
   const int64_t m_pad = (g.m + kScaleRowTile - 1) / kScaleRowTile * kScaleRowTile;
   const int64_t n_pad = (g.n + kScaleRowTile - 1) / kScaleRowTile * kScaleRowTile;
   M3QKV_TRY(product(c, "m*k (xq bytes)", {g.m, g.k}, &bytes));
+  M3QKV_TRY(product(c, "m*k*2 (x_bf16 bytes)", {g.m, g.k, 2}, &bytes));
   M3QKV_TRY(product(c, "m*n*4 (output / accumulator bytes)", {g.m, g.n, 4}, &bytes));
   M3QKV_TRY(product(c, "n*k (wq bytes)", {g.n, g.k}, &bytes));
   M3QKV_TRY(product(c, "ceil(m/128)*128*k/32 (xsf bytes)", {m_pad, g.k / kMxBlock}, &bytes));
@@ -261,9 +308,30 @@ m3qkv_status check_gemm_sizes(Ctx c, const GemmOperands& g) {
   return M3QKV_SUCCESS;
 }
 
-m3qkv_status check_gemm_pointers(Ctx c, const GemmOperands& g) {
+// The activations: exactly one of x_bf16 (bf16) and the pair (xq, xsf)
+// (MXFP8). Both: INVALID_ARGUMENT naming the fields given; none of the three:
+// NULL_POINTER naming all three; half a pair without x_bf16: NULL_POINTER
+// naming the missing one.
+m3qkv_status check_activation_pointers(Ctx c, const GemmOperands& g) {
+  const auto hx = [](const void* p) { return static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)); };
+  if (g.x_bf16 != nullptr) {
+    if (g.xq == nullptr && g.xsf == nullptr) return M3QKV_SUCCESS;
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "%s: x_bf16 = 0x%llx and xq = 0x%llx, xsf = 0x%llx: give exactly one of x_bf16 (bf16 activations) and "
+                "(xq, xsf) (MXFP8 activations); set xq and xsf to NULL with x_bf16",
+                c.fn, hx(g.x_bf16), hx(g.xq), hx(g.xsf));
+  }
+  if (g.xq == nullptr && g.xsf == nullptr)
+    return fail(M3QKV_ERROR_NULL_POINTER,
+                "%s: xq = NULL, xsf = NULL and x_bf16 = NULL: the activations are required, either xq and xsf "
+                "(MXFP8) or x_bf16 (bf16 [M, K])",
+                c.fn);
   M3QKV_TRY(non_null(c, "xq", g.xq));
-  M3QKV_TRY(non_null(c, "xsf", g.xsf));
+  return non_null(c, "xsf", g.xsf);
+}
+
+m3qkv_status check_gemm_pointers(Ctx c, const GemmOperands& g) {
+  M3QKV_TRY(check_activation_pointers(c, g));
   M3QKV_TRY(non_null(c, "wq", g.wq));
   M3QKV_TRY(non_null(c, "wsf", g.wsf));
   return M3QKV_SUCCESS;
@@ -272,6 +340,7 @@ m3qkv_status check_gemm_pointers(Ctx c, const GemmOperands& g) {
 m3qkv_status check_gemm_alignment(Ctx c, const GemmOperands& g) {
   M3QKV_TRY(aligned(c, "xq", g.xq, kWideAlign));
   M3QKV_TRY(aligned(c, "xsf", g.xsf, kWideAlign));
+  M3QKV_TRY(aligned(c, "x_bf16", g.x_bf16, kWideAlign));
   M3QKV_TRY(aligned(c, "wq", g.wq, kWideAlign));
   M3QKV_TRY(aligned(c, "wsf", g.wsf, kWideAlign));
   return M3QKV_SUCCESS;
@@ -685,7 +754,7 @@ m3qkv_status validate_fused(const m3qkv_fused_args* args, m3qkv_fused_args* out,
   int64_t n = 0;
   M3QKV_TRY(check_k(c, a->k));
   M3QKV_TRY(check_epilogue_scalars(c, e, &n));
-  const GemmOperands g{a->m, n, a->k, a->xq, a->xsf, a->wq, a->wsf};
+  const GemmOperands g{a->m, n, a->k, a->xq, a->xsf, a->wq, a->wsf, a->x_bf16};
   M3QKV_TRY(check_gemm_sizes(c, g));
   M3QKV_TRY(in_range(c, "cta_group", a->cta_group, 0, 2, "0 (auto), 1 or 2"));
   if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
@@ -726,7 +795,7 @@ m3qkv_status validate_gemm(const m3qkv_gemm_args* args, m3qkv_gemm_args* out, bo
   M3QKV_TRY(multiple_of(c, "n", a->n, kNMultiple));
   M3QKV_TRY(within_limit(c, "n", a->n, kMaxN, /*inclusive=*/true));
   M3QKV_TRY(check_k(c, a->k));
-  const GemmOperands g{a->m, a->n, a->k, a->xq, a->xsf, a->wq, a->wsf};
+  const GemmOperands g{a->m, a->n, a->k, a->xq, a->xsf, a->wq, a->wsf, a->x_bf16};
   M3QKV_TRY(check_gemm_sizes(c, g));
   M3QKV_TRY(check_use_pdl(c, a->use_pdl));
   M3QKV_TRY(check_grid(c, a->grid));

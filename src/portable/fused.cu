@@ -1,4 +1,4 @@
-// Portable fused kernel (sm_80+): the MXFP8 GEMM mainloop of mainloop.cuh on a
+// Portable fused kernel (sm_80+): the MXFP8 (or bf16-activation) GEMM mainloop of mainloop.cuh on a
 // 64-row x one-head tile, the f32 accumulator staged in shared memory, then
 // one thread per token row runs the shared epilogue (common/epilogue.cuh) on
 // its 128 values. Nothing but the outputs and the caches is written (no
@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(kThreads, 1) m3qkv_portable_fused_kernel(const
     const int64_t n0 = static_cast<int64_t>(head) * kBN;
 
     float acc[kNTiles][4];
-    gemm_tile(acc, smem, p.g.xq, p.g.xsf, p.g.wq, p.g.wsf, p.g.m, p.g.k, m0, n0);
+    gemm_tile(acc, smem, p.g.xq, p.g.xsf, p.g.xb, p.g.wq, p.g.wsf, p.g.m, p.g.k, m0, n0);
 
     // Fragments -> smem tile [64][kLdC] (and the test tap).
 #pragma unroll

@@ -22,7 +22,7 @@ __global__ void __launch_bounds__(kThreads, 1) m3qkv_portable_gemm_kernel(const 
     const int64_t m0 = (tile / ntn) * kBM;
     const int64_t n0 = (tile % ntn) * kBN;
     float acc[kNTiles][4];
-    gemm_tile(acc, smem, p.g.xq, p.g.xsf, p.g.wq, p.g.wsf, p.g.m, p.g.k, m0, n0);
+    gemm_tile(acc, smem, p.g.xq, p.g.xsf, p.g.xb, p.g.wq, p.g.wsf, p.g.m, p.g.k, m0, n0);
 #pragma unroll
     for (int nt = 0; nt < kNTiles; ++nt) {
       const int64_t col = n0 + wc.col0 + nt * 8 + 2 * (lane % 4);

@@ -11,8 +11,9 @@ namespace m3qkv {
 namespace portable {
 
 struct GemmOperands {
-  const uint8_t* xq;   // e4m3 [M, K]
-  const uint8_t* xsf;  // F8_128x4 of [M, K/32]
+  const uint8_t* xq;   // e4m3 [M, K] (null with xb)
+  const uint8_t* xsf;  // F8_128x4 of [M, K/32] (null with xb)
+  const uint16_t* xb;  // bf16 activations [M, K] (x_bf16) or null
   const uint8_t* wq;   // e4m3 [N, K]
   const uint8_t* wsf;  // F8_128x4 of [N, K/32]
   int64_t m, n, k;

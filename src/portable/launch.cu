@@ -48,11 +48,12 @@ host::LaunchShape shape(unsigned grid, int threads, int smem, int32_t use_pdl, c
   return s;
 }
 
-portable::GemmOperands operands(const void* xq, const void* xsf, const void* wq, const void* wsf, int64_t m,
-                                int64_t n, int64_t k) {
+portable::GemmOperands operands(const void* xq, const void* xsf, const void* x_bf16, const void* wq, const void* wsf,
+                                int64_t m, int64_t n, int64_t k) {
   portable::GemmOperands g;
   g.xq = static_cast<const uint8_t*>(xq);
   g.xsf = static_cast<const uint8_t*>(xsf);
+  g.xb = static_cast<const uint16_t*>(x_bf16);
   g.wq = static_cast<const uint8_t*>(wq);
   g.wsf = static_cast<const uint8_t*>(wsf);
   g.m = m;
@@ -72,7 +73,7 @@ m3qkv_status portable_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, fl
   const host::LaunchShape sh = shape(portable::plan_grid(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev);
   host::timing_mark(host::Phase::kPlan);
   portable::FusedParams p;
-  p.g = operands(a.xq, a.xsf, a.wq, a.wsf, a.m, n, a.k);
+  p.g = operands(a.xq, a.xsf, a.x_bf16, a.wq, a.wsf, a.m, n, a.k);
   p.e = epi::make_epilogue_params(a);
   p.acc_tap = acc_tap;
   const m3qkv_status st = host::launch(fn, "m3qkv_portable_fused_kernel", m3qkv_portable_fused_kernel, sh, s, p);
@@ -88,7 +89,7 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
   const host::LaunchShape sh = shape(portable::plan_grid(tiles, 1, a.grid), portable::kThreads, kSmemBytes, a.use_pdl, dev);
   host::timing_mark(host::Phase::kPlan);
   portable::GemmParams p;
-  p.g = operands(a.xq, a.xsf, a.wq, a.wsf, a.m, a.n, a.k);
+  p.g = operands(a.xq, a.xsf, a.x_bf16, a.wq, a.wsf, a.m, a.n, a.k);
   p.out = static_cast<uint16_t*>(a.out);
   const m3qkv_status st = host::launch(fn, "m3qkv_portable_gemm_kernel", m3qkv_portable_gemm_kernel, sh, s, p);
   host::timing_mark(host::Phase::kLaunch);

@@ -18,6 +18,11 @@
 // 32-K block into the f32 accumulator, would double the accumulator registers
 // and add a rounding per block for no gain on realistic data; the scale
 // exponent domain above covers every MXFP8 tensor a quantizer produces.
+//
+// bf16 activations (x_bf16, W8A16): the A tile is loaded as bf16 and stored
+// to shared memory unchanged (no scale, no conversion: the MMA sees the exact
+// bf16 values); the weight is dequantized as above. Same tiles, same staging,
+// same MMA order: the instance is picked per call (gemm_tile, kXBf16).
 #pragma once
 
 #include <stdint.h>
@@ -71,17 +76,26 @@ static_assert(kAChunks * kThreads == kBM * kChunksPerRow && kBChunks * kThreads 
 
 struct StageRegs {
   uint4 a[kAChunks];
+  uint4 a_hi[kAChunks];   // bf16 activations: a = the chunk's first 8 bf16, a_hi the next 8
   uint4 b[kBChunks];
-  uint32_t sa[kAChunks];  // e8m0 scale byte of each chunk
+  uint32_t sa[kAChunks];  // e8m0 scale byte of each chunk (MXFP8 activations)
   uint32_t sb[kBChunks];
 };
 
+// The A operand: MXFP8 (xq, xsf) or bf16 (xb, kXBf16).
+struct XOperand {
+  const uint8_t* xq;
+  const uint8_t* xsf;
+  const uint16_t* xb;
+};
+
 // Loads stage k0 (a multiple of 128) into registers. Chunk i = tid + kThreads·j
-// covers tile row i / 8, bytes (i % 8)·16 .. +15, i.e. scale column
-// k0/32 + (i % 8)/2. A rows >= M read as zero (scale 1).
-__device__ __forceinline__ void load_stage(StageRegs& r, const uint8_t* xq, const uint8_t* xsf, const uint8_t* wq,
-                                           const uint8_t* wsf, int64_t M, int64_t K, int64_t m0, int64_t n0,
-                                           int64_t k0) {
+// covers tile row i / 8, K elements (i % 8)·16 .. +15 (16 bytes of e4m3, or
+// 32 bytes of bf16 with kXBf16), i.e. scale column k0/32 + (i % 8)/2. A rows
+// >= M read as zero (scale 1).
+template <bool kXBf16>
+__device__ __forceinline__ void load_stage(StageRegs& r, const XOperand& x, const uint8_t* wq, const uint8_t* wsf,
+                                           int64_t M, int64_t K, int64_t m0, int64_t n0, int64_t k0) {
   const int tid = static_cast<int>(threadIdx.x);
   const int64_t scols = K / kMxBlock;
   const int cc = tid % kChunksPerRow;
@@ -89,12 +103,22 @@ __device__ __forceinline__ void load_stage(StageRegs& r, const uint8_t* xq, cons
 #pragma unroll
   for (int j = 0; j < kAChunks; ++j) {
     const int64_t row = m0 + (tid + kThreads * j) / kChunksPerRow;
-    if (row < M) {
-      r.a[j] = *reinterpret_cast<const uint4*>(xq + row * K + k0 + cc * 16);
-      r.sa[j] = xsf[f8_128x4_offset(row, scol, scols)];
+    if constexpr (kXBf16) {
+      if (row < M) {
+        const uint4* src = reinterpret_cast<const uint4*>(x.xb + row * K + k0 + cc * 16);
+        r.a[j] = src[0];
+        r.a_hi[j] = src[1];
+      } else {
+        r.a[j] = r.a_hi[j] = make_uint4(0u, 0u, 0u, 0u);
+      }
     } else {
-      r.a[j] = make_uint4(0u, 0u, 0u, 0u);
-      r.sa[j] = 127u;
+      if (row < M) {
+        r.a[j] = *reinterpret_cast<const uint4*>(x.xq + row * K + k0 + cc * 16);
+        r.sa[j] = x.xsf[f8_128x4_offset(row, scol, scols)];
+      } else {
+        r.a[j] = make_uint4(0u, 0u, 0u, 0u);
+        r.sa[j] = 127u;
+      }
     }
   }
 #pragma unroll
@@ -143,12 +167,20 @@ __device__ __forceinline__ void dequant_chunk(uint4 q, uint32_t sbyte, uint16_t*
   reinterpret_cast<uint4*>(dst)[1] = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
+template <bool kXBf16>
 __device__ __forceinline__ void store_stage(const StageRegs& r, uint16_t* smA, uint16_t* smB) {
   const int tid = static_cast<int>(threadIdx.x);
   const int cc = tid % kChunksPerRow;
 #pragma unroll
-  for (int j = 0; j < kAChunks; ++j)
-    dequant_chunk(r.a[j], r.sa[j], smA + ((tid + kThreads * j) / kChunksPerRow) * kLdAB + cc * 16);
+  for (int j = 0; j < kAChunks; ++j) {
+    uint16_t* dst = smA + ((tid + kThreads * j) / kChunksPerRow) * kLdAB + cc * 16;
+    if constexpr (kXBf16) {  // the 16 bf16 as they are
+      reinterpret_cast<uint4*>(dst)[0] = r.a[j];
+      reinterpret_cast<uint4*>(dst)[1] = r.a_hi[j];
+    } else {
+      dequant_chunk(r.a[j], r.sa[j], dst);
+    }
+  }
 #pragma unroll
   for (int j = 0; j < kBChunks; ++j)
     dequant_chunk(r.b[j], r.sb[j], smB + ((tid + kThreads * j) / kChunksPerRow) * kLdAB + cc * 16);
@@ -193,22 +225,36 @@ __device__ __forceinline__ void mma_stage(float (&acc)[kNTiles][4], const uint16
 // The whole K loop of one tile. Stage kt+1 is fetched into registers while
 // stage kt is multiplied out of shared memory. `smem` holds kSmemBytes.
 // Ends with a __syncthreads, so the caller may reuse smem at once.
-__device__ __forceinline__ void gemm_tile(float (&acc)[kNTiles][4], uint8_t* smem, const uint8_t* xq,
-                                          const uint8_t* xsf, const uint8_t* wq, const uint8_t* wsf, int64_t M,
-                                          int64_t K, int64_t m0, int64_t n0) {
+template <bool kXBf16>
+__device__ __forceinline__ void gemm_tile_x(float (&acc)[kNTiles][4], uint8_t* smem, const XOperand& x,
+                                            const uint8_t* wq, const uint8_t* wsf, int64_t M, int64_t K, int64_t m0,
+                                            int64_t n0) {
   uint16_t* smA = reinterpret_cast<uint16_t*>(smem);
   uint16_t* smB = reinterpret_cast<uint16_t*>(smem + kSmemABytes);
 #pragma unroll
   for (int nt = 0; nt < kNTiles; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.0f;
   StageRegs r;
-  load_stage(r, xq, xsf, wq, wsf, M, K, m0, n0, 0);
+  load_stage<kXBf16>(r, x, wq, wsf, M, K, m0, n0, 0);
   const int64_t kstages = K / kBK;
   for (int64_t kt = 0; kt < kstages; ++kt) {
-    store_stage(r, smA, smB);
+    store_stage<kXBf16>(r, smA, smB);
     __syncthreads();
-    if (kt + 1 < kstages) load_stage(r, xq, xsf, wq, wsf, M, K, m0, n0, (kt + 1) * kBK);
+    if (kt + 1 < kstages) load_stage<kXBf16>(r, x, wq, wsf, M, K, m0, n0, (kt + 1) * kBK);
     mma_stage(acc, smA, smB);
     __syncthreads();
+  }
+}
+
+// One tile with the call's activations: bf16 when xb != null (x_bf16), else
+// MXFP8 (xq, xsf). The branch is uniform over the grid.
+__device__ __forceinline__ void gemm_tile(float (&acc)[kNTiles][4], uint8_t* smem, const uint8_t* xq,
+                                          const uint8_t* xsf, const uint16_t* xb, const uint8_t* wq,
+                                          const uint8_t* wsf, int64_t M, int64_t K, int64_t m0, int64_t n0) {
+  const XOperand x{xq, xsf, xb};
+  if (xb != nullptr) {
+    gemm_tile_x<true>(acc, smem, x, wq, wsf, M, K, m0, n0);
+  } else {
+    gemm_tile_x<false>(acc, smem, x, wq, wsf, M, K, m0, n0);
   }
 }
 

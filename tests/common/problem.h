@@ -14,11 +14,15 @@ namespace m3qkv_test {
 using m3qkv::golden::golden_outputs;
 using m3qkv::golden::HostBuffer;
 using m3qkv::golden::HostOutputs;
+using m3qkv::golden::kExactBf16Log2Bound;
+using m3qkv::golden::kExactBf16MaxJ;
 using m3qkv::golden::kExactLog2Ratio;
 using m3qkv::golden::kExactMaxNonzero;
 using m3qkv::golden::OutputPtrs;
 using m3qkv::golden::Problem;
+using m3qkv::golden::problem_acc;
 using m3qkv::golden::ProblemConfig;
+using m3qkv::golden::with_dequantized_x_bf16;
 
 // m3qkv::golden::build_problem with cfg.seed = 0 replaced by test_seed() (a
 // fresh seed per run, printed; M3QKV_TEST_SEED replays one). Throws

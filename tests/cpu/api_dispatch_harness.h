@@ -50,6 +50,7 @@ struct LaunchLog {
   cudaStream_t stream = nullptr;
   m3qkv_status result = M3QKV_SUCCESS;  // what the launchers return
   std::vector<int> cta_groups;          // of every fused launch
+  std::vector<const void*> x_bf16s;     // x_bf16 of every fused launch (bf16 activations reach the launcher)
   // When set, every fused launcher also runs this on its arguments (the
   // self-test tests: a "kernel" that writes the golden bytes into the fake
   // device memory); its status is the launcher's.
@@ -74,6 +75,7 @@ m3qkv_status record(const char* what, const m3qkv::DeviceInfo& d, const float* t
 m3qkv_status record_fused(const char* what, const m3qkv_fused_args& a, const m3qkv::DeviceInfo& d, const float* tap,
                           cudaStream_t s) {
   launch_log().cta_groups.push_back(a.cta_group);
+  launch_log().x_bf16s.push_back(a.x_bf16);
   const m3qkv_status st = record(what, d, tap, s);
   if (st != M3QKV_SUCCESS || launch_log().emulate == nullptr) return st;
   return launch_log().emulate(what, a);

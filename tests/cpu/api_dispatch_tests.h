@@ -193,6 +193,68 @@ TEST_F(DISPATCH_SUITE, ForcedBackends) {
   EXPECT_TRUE(launch_log().all.empty());
 }
 
+// bf16 activations (x_bf16): the portable and SM90 launchers receive the
+// args unchanged (x_bf16 set, xq / xsf NULL), automatically and forced; the
+// SM100 backend refuses them by name and launches nothing; the MXFP8 call
+// still reaches every backend with x_bf16 = NULL. m3qkv_mxfp8_gemm with
+// x_bf16 runs the portable GEMM.
+TEST_F(DISPATCH_SUITE, XBf16ReachesPortableAndSm90AndSm100RefusesIt) {
+  m3qkv_fused_args a = good_fused();
+  a.xq = nullptr;
+  a.xsf = nullptr;
+  a.x_bf16 = dptr(8);
+  const m3qkv_fused_args q = good_fused();
+  const std::string refused =
+      "m3qkv_fused_qkv: x_bf16 (bf16 activations) is not supported by the sm100 backend; pass xq/xsf or use "
+      "M3QKV_BACKEND=sm90/portable";
+  const auto expect_call = [&](m3qkv_backend_kind b, m3qkv_status st) {
+    if (b == M3QKV_BACKEND_SM100) {
+      EXPECT_EQ(st, M3QKV_ERROR_INVALID_ARGUMENT);
+      EXPECT_EQ(std::string(m3qkv_last_error()), refused);
+      EXPECT_TRUE(launch_log().all.empty());
+    } else {
+      ASSERT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+      EXPECT_EQ(launch_log().all, std::vector<std::string>{fused_launcher(b)});
+      EXPECT_EQ(launch_log().x_bf16s, std::vector<const void*>{a.x_bf16});
+    }
+  };
+  for (int d = 0; d < kNumFake; ++d) {
+    SCOPED_TRACE("device " + std::to_string(d));
+    fake_set_current_device(d);
+    launch_log().reset();
+    const m3qkv_backend_kind want = expected_fused(d);
+    const m3qkv_status st = Under::fused(&a);
+    if (want == M3QKV_BACKEND_NONE) {
+      EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+      EXPECT_TRUE(launch_log().all.empty());
+      continue;
+    }
+    expect_call(want, st);
+    for (m3qkv_backend_kind b : {M3QKV_BACKEND_PORTABLE, M3QKV_BACKEND_SM90, M3QKV_BACKEND_SM100}) {
+      if (!can_run(b, d)) continue;
+      SCOPED_TRACE(std::string("force ") + m3qkv_backend_name(b));
+      launch_log().reset();
+      expect_call(b, Under::testing_fused(&a, nullptr, b));
+      launch_log().reset();
+      ASSERT_EQ(Under::testing_fused(&q, nullptr, b), M3QKV_SUCCESS) << m3qkv_last_error();
+      EXPECT_EQ(launch_log().x_bf16s, std::vector<const void*>{nullptr});
+    }
+  }
+  m3qkv_gemm_args g = good_gemm();
+  g.xq = nullptr;
+  g.xsf = nullptr;
+  g.x_bf16 = dptr(8);
+  fake_set_current_device(kCC80);
+  launch_log().reset();
+  const m3qkv_status st = Under::gemm(&g);
+  if (can_run(M3QKV_BACKEND_PORTABLE, kCC80)) {
+    EXPECT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(launch_log().all, std::vector<std::string>{"portable_gemm"});
+  } else {
+    EXPECT_EQ(st, M3QKV_ERROR_UNSUPPORTED_DEVICE);
+  }
+}
+
 TEST_F(DISPATCH_SUITE, EmptyOrInvalidCallsNeverTouchTheDevice) {
   const int before = fake_cuda().calls.load();
   m3qkv_fused_args a = good_fused();

@@ -20,8 +20,14 @@ GOLDEN_API size_t m3qkv_golden_sizeof_gemm(void) { return sizeof(m3qkv_gemm_args
 GOLDEN_API void m3qkv_golden_epilogue(const m3qkv_fused_args* a, const float* acc, uint32_t* flags) {
   m3qkv::golden::epilogue(*a, acc, flags);
 }
-// The golden f32 accumulator acc [m, n] (f64 sum rounded once).
+// The golden f32 accumulator acc [m, n] (f64 sum rounded once) of x_bf16
+// (bf16 activations) when set, else of xq / xsf.
 GOLDEN_API void m3qkv_golden_acc(const m3qkv_fused_args* a, int64_t n, float* acc) {
+  if (a->x_bf16 != nullptr) {
+    m3qkv::golden::w8a16_acc(static_cast<const uint16_t*>(a->x_bf16), static_cast<const uint8_t*>(a->wq),
+                             static_cast<const uint8_t*>(a->wsf), a->m, n, a->k, acc);
+    return;
+  }
   m3qkv::golden::mxfp8_acc(static_cast<const uint8_t*>(a->xq), static_cast<const uint8_t*>(a->xsf),
                            static_cast<const uint8_t*>(a->wq), static_cast<const uint8_t*>(a->wsf), a->m, n, a->k,
                            acc);
