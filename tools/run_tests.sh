@@ -9,9 +9,9 @@
 # Exit status: ctest's, else pytest's (configure or build failures exit
 # non-zero before either).
 # Output: the build, ctest's failures and closing lines (the full ctest output
-# is in $BUILD/m3qkv_ctest.log), pytest's, then a summary: the ctest counts,
-# each skip reason once (GPU tests skip themselves when no GPU is present),
-# the pytest counts and, as the last line, the two together:
+# is in $BUILD/m3qkv_ctest.log), pytest's, then a summary: the ctest counts
+# and each skip reason once (GPU tests skip themselves when no GPU is
+# present), the same for pytest and, as the last line, the two together:
 #   N passed, N failed, N skipped
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/configure_build.sh" run_tests
@@ -65,7 +65,7 @@ if "$py" -c "import torch, pytest" >/dev/null 2>&1; then
   set +e
   M3QKV_LIBRARY="$bdir/libm3qkv.so" M3QKV_GOLDEN_LIBRARY="$bdir/libm3qkv_golden_capi.so" \
     M3QKV_REPO_ROOT="$ROOT" PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
-    "$py" -m pytest -q -rs -p no:cacheprovider --junitxml="$pyjunit" "$ROOT/python/tests"
+    "$py" -m pytest -q -p no:cacheprovider --junitxml="$pyjunit" "$ROOT/python/tests"
   prc=$?
   set -e
   # passed failed skipped, from pytest's JUnit file (errors count as failures).
@@ -94,6 +94,9 @@ if ((ct_skipped > 0)); then
   fi
 fi
 echo "run_tests: $py_line"
+if ((py_skipped > 0)) && [[ -f "${pyjunit:-}" ]]; then
+  "$py" "$ROOT/tools/skip_reasons.py" "$pyjunit" | sed 's/^/run_tests: pytest: /'
+fi
 # The closing line (CI reads it): ctest and pytest together.
 echo "$((ct_passed + py_passed)) passed, $((ct_failed + py_failed)) failed, $((ct_skipped + py_skipped)) skipped"
 exit "$rc"

@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Why ctest skipped what it skipped, each reason once.
+"""Why tests were skipped, each reason once.
 
-    python3 tools/skip_reasons.py <ctest --output-junit file> [--max N]
+    python3 tools/skip_reasons.py <junit.xml> [--max N]
 
-Reads the JUnit XML that ctest writes with --output-junit (CMake >= 3.21) and
-prints one line per distinct skip message, most frequent first:
+Reads a JUnit XML file, from ctest --output-junit (CMake >= 3.21) or from
+pytest --junitxml, and prints one line per distinct skip message, most
+frequent first:
     <count> skipped: <message>  (e.g. gpu.Fused.TP4/M1)
-The message is the text GoogleTest prints after "<file>:<line>: Skipped"
-(GTEST_SKIP() << ...). Tests marked DISABLED_ are not skips and not listed.
+For ctest the message is the text GoogleTest prints after
+"<file>:<line>: Skipped" (GTEST_SKIP() << ...); ctest's DISABLED_ tests are
+not skips and not listed. For pytest it is the skip reason.
 At most --max reasons (default 10); the rest are counted in one line.
 """
 import argparse
@@ -47,11 +49,17 @@ def main(argv=None) -> int:
     first = {}
     for tc in root.iter("testcase"):
         sk = tc.find("skipped")
-        if tc.get("status") != "notrun" or sk is None or sk.get("message") == "Disabled":
+        if sk is None or sk.get("message") == "Disabled":
             continue
-        why = skip_message(tc.findtext("system-out") or "")
+        if sk.get("message") == "SKIP_REGULAR_EXPRESSION_MATCHED":  # ctest running a GoogleTest case
+            why = skip_message(tc.findtext("system-out") or "")
+        else:  # pytest
+            why = sk.get("message") or "(no skip reason)"
+        name = tc.get("name")
+        if tc.get("classname") and tc.get("classname") != name:
+            name = f"{tc.get('classname')}.{name}"
         reasons[why] += 1
-        first.setdefault(why, tc.get("name"))
+        first.setdefault(why, name)
     ranked = reasons.most_common()
     for why, n in ranked[:a.max]:
         print(f"{n} skipped: {why}  (e.g. {first[why]})")
