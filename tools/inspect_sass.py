@@ -36,7 +36,8 @@ Notes on the numbers (as cuobjdump reports them):
     2048 there). Dynamic shared memory is a launch parameter and not visible.
   STACK is the per-thread stack frame; a runtime-indexed local array or a
     register spill shows up here (ptxas spill byte counts are not stored in
-    the binary: pass the build log with --ptxas-log to add them).
+    the binary: pass the build log with --ptxas-log to add them; ptxas
+    prints them when the build is configured with -DM3QKV_PTXAS_VERBOSE=ON).
   LDL/STL are static instruction counts in the SASS, not executed counts.
 
 Exit status: 0 all rules pass, 1 a rule failed, 2 usage or tool error.
@@ -505,7 +506,7 @@ def main(argv=None):
     ap.add_argument("--load-json", metavar="PATH",
                     help="read a report written by --json/--json-out instead of running cuobjdump")
     ap.add_argument("--ptxas-log", action="append", default=[], metavar="PATH",
-                    help="build log with ptxas -v output, adds spill byte counts")
+                    help="build log with ptxas -v output (cmake -DM3QKV_PTXAS_VERBOSE=ON), adds spill byte counts")
     ap.add_argument("--name-width", type=int, default=70, help="truncate kernel names in the table")
     ap.add_argument("--quiet", action="store_true", help="print only rule results")
     args = ap.parse_args(argv)

@@ -106,10 +106,14 @@ def warmup(device: int = -1) -> None:
     ahead of the first call (optional; the first call does it otherwise).
     With M3QKV_SELFTEST_ON_WARMUP=1 in the environment it also self-tests the
     backend it would use; when that backend fails and a slower one passes, the
-    slower one is used from then on and an M3qkvFallbackWarning says so."""
+    slower one is used from then on and an M3qkvFallbackWarning says so.
+    Without a usable GPU it raises M3qkvRuntimeError with the library's
+    message (as backend() does)."""
     lib = library()
     if device < 0:
-        device = torch.cuda.current_device()
+        # Without CUDA, torch.cuda.current_device() raises torch's own error:
+        # ask the library about device 0, so that its message says why.
+        device = torch.cuda.current_device() if torch.cuda.is_available() else 0
     status = lib.warmup(device)
     if status == _capi.WARNING_BACKEND_FALLBACK:
         import warnings

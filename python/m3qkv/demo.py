@@ -20,6 +20,10 @@ With --selftest it runs only m3qkv.selftest() (every kernel of the library on
 the current GPU vs the golden model: the first thing to run on a new GPU) and
 prints one line per kernel.
 Exit code 0 = pass, 1 = a check failed, 3 = no usable GPU / library error.
+Without a GPU nothing runs: it prints the library's reason (m3qkv.backend()'s
+message: no driver, an old driver, no GPU) and exits 3. (The C demo,
+`bash tools/run_demo.sh`, runs the CPU golden model instead and exits 0 when
+its checks pass: 0 always means that checks ran and passed.)
 """
 from __future__ import annotations
 
@@ -146,10 +150,23 @@ def print_selftest(r) -> None:
     print(f"  => {r['status']}: {r['message']}")
 
 
+def no_gpu_reason() -> str:
+    """Why there is no usable GPU, in the library's words when it can say."""
+    import m3qkv
+    try:
+        m3qkv.backend(0)
+    except m3qkv.M3qkvError as e:
+        return str(e)
+    except ImportError as e:  # no libm3qkv.so to ask
+        return f"{e}; torch.cuda.is_available() is False"
+    return "torch.cuda.is_available() is False (torch without CUDA support?)"
+
+
 def run_selftest() -> int:
     import m3qkv
     if not torch.cuda.is_available():
-        print("m3qkv self-test: no CUDA device (torch.cuda.is_available() is False): nothing to test")
+        print(f"m3qkv self-test: {no_gpu_reason()}")
+        print("m3qkv self-test: no CUDA driver / no GPU: nothing to test")
         return 3
     try:
         r = m3qkv.selftest(torch.cuda.current_device())
@@ -178,9 +195,11 @@ def main(argv=None) -> int:
     print(f"m3qkv demo (Python) — MiniMax-M3 TP4 (K {K}, N {N}, nq {NQ}, nkv {NKV}, niq {NIQ}, nik {NIK}, "
           f"block {BLOCK}), M = {a.m}, seed {seed}")
     if not torch.cuda.is_available():
-        print("NOTE: no CUDA device (torch.cuda.is_available() is False): nothing ran on a GPU.")
-        print("verdict: NOT RUN (needs a GPU; `bash tools/run_demo.sh` runs the CPU golden model alone)")
-        return 0
+        print(f"m3qkv: {no_gpu_reason()}")
+        print("NOTE: no CUDA driver / no GPU: nothing ran (the Python demo checks GPU results only; "
+              "`bash tools/run_demo.sh` runs the CPU golden model alone).")
+        print("verdict: NOT RUN")
+        return 3
     import m3qkv
     from m3qkv import reference as ref
     dev = torch.device("cuda", torch.cuda.current_device())

@@ -234,3 +234,15 @@ def test_no_gpu_is_a_runtime_error():
         m3qkv.library().backend_of(0)
     with pytest.raises(m3qkv.M3qkvRuntimeError):
         torch.ops.m3qkv.backend(0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a CUDA device")
+def test_no_gpu_warmup_is_the_library_error():
+    # Not torch's RuntimeError from torch.cuda.current_device(): the library's
+    # UNSUPPORTED_DEVICE with its message, as backend() raises.
+    for args in ((), (0,)):
+        with pytest.raises(m3qkv.M3qkvRuntimeError, match="M3QKV_ERROR_UNSUPPORTED_DEVICE: .*m3qkv_warmup: ") as e:
+            m3qkv.warmup(*args)
+        assert e.value.status == _capi.ERROR_UNSUPPORTED_DEVICE
+    with pytest.raises(m3qkv.M3qkvRuntimeError, match="M3QKV_ERROR_UNSUPPORTED_DEVICE: .*m3qkv_backend: "):
+        m3qkv.backend()

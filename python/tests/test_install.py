@@ -38,6 +38,22 @@ def test_demo_without_gpu_says_so(capsys):
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the demo runs for real in the GPU instructions")
     from m3qkv import demo
-    assert demo.main(["--m", "4"]) == 0
+    assert demo.main(["--m", "4"]) == 3  # the docstring's "no usable GPU"
     out = capsys.readouterr().out
-    assert "no CUDA device" in out and "verdict: NOT RUN" in out
+    assert "m3qkv: M3QKV_ERROR_UNSUPPORTED_DEVICE: " in out, out  # the library's reason
+    assert "no CUDA driver / no GPU" in out and "verdict: NOT RUN" in out, out
+    assert demo.main(["--selftest"]) == 3
+    out = capsys.readouterr().out
+    assert "M3QKV_ERROR_UNSUPPORTED_DEVICE: " in out and "nothing to test" in out, out
+
+
+def test_demo_process_exit_code_without_gpu():
+    # `python -m m3qkv.demo` as a user runs it: the exit status is main()'s.
+    import subprocess
+    import sys
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present: the demo runs for real in the GPU instructions")
+    r = subprocess.run([sys.executable, "-m", "m3qkv.demo", "--m", "4"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "verdict: NOT RUN" in r.stdout, r.stdout

@@ -5,6 +5,7 @@
 #define M3QKV_WITH_SM100 0
 #define DISPATCH_PREFIX dispatch_none_
 #define DISPATCH_SUITE ApiDispatchNoBackend
+#define DISPATCH_NO_BACKEND 1
 #include "api_dispatch_harness.h"
 
 namespace {

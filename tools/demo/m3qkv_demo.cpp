@@ -20,10 +20,13 @@
 //     accumulator itself with an f64 reference (relative error figure);
 //  4. time per call from CUDA events over --reps calls with L2 flushed before
 //     each, achieved GB/s and TFLOP/s.
-// Without a CUDA device (or with --cpu) it runs the golden model alone on the
-// CPU (default M = 16) and says so.
-// Exit code: 0 = all checks passed, 1 = a mismatch (or a kernel failed the
-// self-test), 2 = bad command line, 3 = a CUDA / m3qkv error.
+// Without a CUDA device (or with --cpu) it prints why in the library's words
+// (m3qkv_backend's message: no driver, an old driver, no GPU) and runs the
+// golden model alone on the CPU (default M = 16): its own consistency checks,
+// nothing of the GPU code.
+// Exit code: 0 = all checks that ran passed (on the CPU path: the golden
+// model's), 1 = a mismatch (or a kernel failed the self-test), 2 = bad command
+// line, 3 = a CUDA / m3qkv error, or --selftest without a GPU (nothing to test).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -347,10 +350,11 @@ bool parse(int argc, char** argv, Options* o) {
 }
 
 // ------------------------------------------------------------- CPU only
-int run_cpu(const Options& o, const char* why) {
+int run_cpu(const Options& o, const char* why, const std::string& library_says = "") {
   const int64_t m = o.m >= 0 ? o.m : 16;
   std::printf("m3qkv demo — MiniMax-M3 TP4 (K %" PRId64 ", N %" PRId64 ", nq %d, nkv %d, niq %d, nik %d, block %d), M = %" PRId64 "\n",
               kK, kN, kNq, kNkv, kNiq, kNik, kBlock, m);
+  if (!library_says.empty()) std::printf("m3qkv: %s\n", library_says.c_str());
   std::printf("NOTE: %s: running the golden model ALONE on the CPU. Nothing ran on a GPU; no GPU result is checked.\n",
               why);
   std::printf("self-test: not run (m3qkv_selftest needs a GPU)\n");
@@ -688,6 +692,16 @@ int run_gpu(const Options& o) {
   return ok ? 0 : 1;
 }
 
+// Why this process has no GPU, in the library's words: m3qkv_backend tells no
+// driver, an old driver and no GPU apart (CUDA itself reports a missing
+// driver as "CUDA driver version is insufficient").
+std::string no_gpu_reason() {
+  m3qkv_backend_kind kind = M3QKV_BACKEND_NONE;
+  const m3qkv_status st = m3qkv_backend(0, &kind);
+  if (st != M3QKV_SUCCESS && m3qkv_last_error()[0] != '\0') return m3qkv_last_error();
+  return "no CUDA device (cudaGetDeviceCount reports 0)";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -696,22 +710,20 @@ int main(int argc, char** argv) {
   if (o.seed == 0) o.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
   int n = 0;
   const cudaError_t e = cudaGetDeviceCount(&n);
+  const bool no_gpu = e != cudaSuccess || n == 0;
+  if (no_gpu) (void)cudaGetLastError();
   if (o.selftest_only) {
     int dev = 0;
-    if (e != cudaSuccess || n == 0 || cudaGetDevice(&dev) != cudaSuccess) {
+    if (no_gpu || cudaGetDevice(&dev) != cudaSuccess) {
       (void)cudaGetLastError();
-      std::printf("m3qkv self-test: no CUDA device (%s): nothing to test\n",
-                  e != cudaSuccess ? cudaGetErrorString(e) : "cudaGetDeviceCount reports 0");
+      std::printf("m3qkv self-test: %s\n", no_gpu_reason().c_str());
+      std::printf("m3qkv self-test: no CUDA driver / no GPU: nothing to test\n");
       return 3;
     }
     const m3qkv_status st = run_selftest(dev);
     return st == M3QKV_SUCCESS ? 0 : st == M3QKV_ERROR_SELFTEST_FAILED ? 1 : 3;
   }
   if (o.cpu) return run_cpu(o, "--cpu given");
-  if (e != cudaSuccess || n == 0) {
-    (void)cudaGetLastError();
-    return run_cpu(o, e != cudaSuccess ? (std::string("no CUDA device (") + cudaGetErrorString(e) + ")").c_str()
-                                       : "no CUDA device");
-  }
+  if (no_gpu) return run_cpu(o, "no CUDA driver / no GPU", no_gpu_reason());
   return run_gpu(o);
 }
