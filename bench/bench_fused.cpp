@@ -15,6 +15,7 @@
 //   cublas_bf16+insert   the same, then m3qkv's insert on its bf16 [M, N] output
 //   cublaslt_fp8         cuBLASLt e4m3 GEMM, per-tensor scales, → bf16
 //   cublaslt_fp8+insert  the same, then m3qkv's insert on its output
+//   fused_<backend>_xbf16_fp8 the fused kernel, FP8 caches, bf16 activations (x_bf16)
 //   fused_<backend>_<fmt> the fused kernel writing FP8 or BF16 caches (fmt = fp8,
 //                        bf16: KV and index cache in that format, vLLM flash KV
 //                        layout [num_blocks, 128, nkv, 128] as two tensors)
@@ -341,6 +342,8 @@ struct M3Set {
   // The same calls writing caches of format f (index: m3qkv_cache_dtype; [0] = the NVFP4 ones above).
   m3qkv_fused_args fused_fmt[kFormats];
   m3qkv_insert_args insert_fmt[kFormats];
+  // FP8 caches with bf16 activations (x_bf16, W8A16) instead of xq / xsf.
+  m3qkv_fused_args fused_xbf16;
 };
 struct M3Sets {
   std::vector<DevPtr> own;
@@ -358,6 +361,8 @@ std::unique_ptr<M3Sets> build_m3_sets(const Heads& h, int64_t m, int r) {
   std::vector<uint8_t> xsf(size_t(m3qkv::f8_128x4_bytes(m, kK / 32))), wsf(size_t(m3qkv::f8_128x4_bytes(n, kK / 32)));
   fill_scales(xsf, 120, seed + 3);
   fill_scales(wsf, 110, seed + 4);
+  std::vector<uint16_t> xb(size_t(m * kK));
+  fill_bf16(xb.data(), xb.size(), 127, seed + 8);
   std::vector<uint16_t> cs(size_t(kMaxPosition * 64)), nw(128);
   fill_bf16(cs.data(), cs.size(), 123, seed + 5);  // |cos|, |sin| < 1
   fill_bf16(nw.data(), nw.size(), 119, seed + 6);  // small Gemma offsets (scale 1 + w)
@@ -384,6 +389,7 @@ std::unique_ptr<M3Sets> build_m3_sets(const Heads& h, int64_t m, int r) {
     void* dxsf = dev_set_buffer(s->own, xsf.data(), first ? first->fused.xsf : nullptr, xsf.size());
     void* dwq = dev_set_buffer(s->own, wq.data(), first ? first->fused.wq : nullptr, wq.size());
     void* dwsf = dev_set_buffer(s->own, wsf.data(), first ? first->fused.wsf : nullptr, wsf.size());
+    void* dxb = dev_set_buffer(s->own, xb.data(), first ? first->fused_xbf16.x_bf16 : nullptr, xb.size() * 2);
     void* dq = dev_upload(s->own, nullptr, q_bytes);
     void* diq = dev_upload(s->own, nullptr, iq_bytes);
     void* dkv = dev_upload(s->own, nullptr, size_t(pages * kv_stride));
@@ -496,6 +502,9 @@ std::unique_ptr<M3Sets> build_m3_sets(const Heads& h, int64_t m, int r) {
       fi.index_cache = fa.index_cache;
       fi.index_page_stride = fa.index_page_stride;
     }
+    set.fused_xbf16 = set.fused_fmt[M3QKV_CACHE_FP8];
+    set.fused_xbf16.xq = set.fused_xbf16.xsf = nullptr;
+    set.fused_xbf16.x_bf16 = dxb;
     s->sets.push_back(set);
   }
   return s;
@@ -814,6 +823,20 @@ void bench_fused_fmt(benchmark::State& state, m3qkv_backend_kind backend, int fm
   if (!s) return skip_setup(state);
   timed_loop(state, int(s->sets.size()), fused_bytes(h, m, fmt), flops(h, m), 0.0, [&](int i) {
     return m3err(m3qkv_testing_fused_qkv(&s->sets[size_t(i)].fused_fmt[fmt], nullptr, backend, dev().stream));
+  });
+}
+
+// fused_<backend>_xbf16_fp8: FP8 caches, bf16 activations (x_bf16, M·K·2 bytes
+// read instead of xq + xsf).
+void bench_fused_xbf16(benchmark::State& state, m3qkv_backend_kind backend) {
+  const Heads& h = arg_heads(state);
+  const int64_t m = state.range(1);
+  M3Sets* s = m3_sets(h, m);
+  if (!s) return skip_setup(state);
+  const double bytes = fused_bytes(h, m, M3QKV_CACHE_FP8) - double(m * kK) -
+                       double(m3qkv::f8_128x4_bytes(m, kK / 32)) + double(m * kK) * 2;
+  timed_loop(state, int(s->sets.size()), bytes, flops(h, m), 0.0, [&](int i) {
+    return m3err(m3qkv_testing_fused_qkv(&s->sets[size_t(i)].fused_xbf16, nullptr, backend, dev().stream));
   });
 }
 
@@ -1294,6 +1317,8 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
       for (int f = 1; f < kFormats; ++f)
         add(std::string("fused_") + backend_tag(autok) + "_" + kFormatNames[f], h, m,
             [autok, f](benchmark::State& st) { bench_fused_fmt(st, autok, f); });
+      add(std::string("fused_") + backend_tag(autok) + "_xbf16_fp8", h, m,
+          [autok](benchmark::State& st) { bench_fused_xbf16(st, autok); });
       for (int f = 0; f < kFormats; ++f) {
         add(std::string("insert_") + kFormatNames[f], h, m, [f](benchmark::State& st) { bench_insert(st, f); });
         if (m > 4096) continue;  // the forced layouts where the plan's choice is read off

@@ -1,7 +1,7 @@
 // The work plan of the split-K decode kernels (src/sm90/decode_sm90.cu and
 // src/sm100/decode_sm100.cu): a pure host function of the shapes, the SM count
 // and the kernel's limits (a Target), unit-tested on the CPU
-// (tests/cpu/test_decode_plan.cpp). docs/sm90_decode.md and docs/sm100.md
+// (tests/cpu/test_decode_plan.cpp). docs/sm90.md and docs/sm100.md
 // ("Decode variant") explain the design.
 //
 // Both kernels compute D = W·Xᵀ with the weights as the MMA's M side (one
@@ -74,7 +74,7 @@ M3_HD Unit unit_of(int u, int token_blocks, int split, int ks) {
 // (partial store, arrival, pipeline hand-off), plus the last arriver's read
 // of the S partials of its token block from L2 (S · tokens · 512 B, assumed
 // at ~3× the per-SM HBM stream rate). The constants are estimates (H200
-// timeline, docs/sm90_decode.md), not a fit.
+// timeline, docs/sm90.md), not a fit.
 constexpr int64_t cost_x64(int64_t units_per_cta, int unit_stages, int S, int64_t tokens_in_block) {
   return units_per_cta * unit_stages * 64 + units_per_cta * 32 + static_cast<int64_t>(S) * tokens_in_block * 2 / 3;
 }

@@ -3,7 +3,7 @@
 // f32 partial [nt][128] (already in a shared-memory tile T) goes to its
 // workspace slot, the unit counts itself on its (head, token block) counter,
 // and the unit that arrives last sums the S partials in the fixed order
-// s = 0, 1, ..., S-1 and runs the SPEC §3 epilogue (epi::lane_row_epilogue<32>
+// s = 0, 1, ..., S-1 and runs the docs/contract.md §3 epilogue (epi::lane_row_epilogue<32>
 // for blocks of at most one row per warp, else epi::quad_row_epilogue).
 // Plan and unit numbering: src/common/splitk_plan.h.
 //

@@ -23,7 +23,7 @@ namespace {
 constexpr const char* kFn = "m3qkv_fused_qkv";
 
 // The bf16 activations of a call (x_bf16), or null for MXFP8 activations (xq, xsf).
-const void* activations_bf16(const m3qkv_fused_args& a) { return nullptr; }
+const void* activations_bf16(const m3qkv_fused_args& a) { return a.x_bf16; }
 static_assert(sm90::kPlanBK == sm90::kBK && sm90::kPlanMaxSplit == kSm90MaxSplit, "plan_sm90.h numbers");
 
 // Grouped rasterization: heads per band (kernel_sm90.cuh tile_of). 8 heads of
@@ -141,6 +141,10 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                 "sm90_fused_variant: variant = %d is not 0 (bf16 dequant), 2 (bf16 dequant, activations "
                 "pre-converted), 3 (prefill: both operands pre-converted) or -1 (automatic)",
                 variant);
+  if (activations_bf16(a) != nullptr)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "sm90_fused_variant: the SM90 tile instances read MXFP8 activations (xq, xsf); x_bf16 runs on the "
+                "swap-AB kernel (sm90_fused_decode)");
   const Sm90Setup* setup = nullptr;
   M3QKV_TRY(prepare_device(dev, &setup));
   host::timing_mark(host::Phase::kSetup);

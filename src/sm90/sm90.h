@@ -52,7 +52,7 @@ constexpr int kSm90MaxSplit = 8;  // portable cluster size limit
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                 int variant, int block_m = 0, int split = 0);
 
-// The decode path (src/sm90/decode_sm90.cu, docs/sm90_decode.md) for
+// The swap-AB path (src/sm90/decode_sm90.cu, docs/sm90.md) for
 // 1 <= M <= kDecodeMaxM: weights as the wgmma M side, K split over a
 // persistent grid (split 0 = the plan's choice, else forced, clamped to
 // [1, K / 128]), partials summed in a fixed order through a per-stream

@@ -135,10 +135,7 @@ TEST(DecodePlan, OverridesAndLimits) {
   EXPECT_EQ(plan_decode(1, 20, 48, 0).nt, 0);
 }
 
-// The K permutation: the A fragment element e of lane q in k16 slice s sits
-// at logical column 16s + 8·(e/4) + 2q + e%2 (PTX layout); the byte the kernel
-// feeds there must be the byte whose B column is the same (decode_logical_col),
-// and the mapping is a bijection of the 64 bytes of a step.
+
 // The launchers' memo returns plan()'s result for any call sequence: repeats,
 // alternations, one argument changed at a time, both targets interleaved.
 TEST(DecodePlan, MemoReturnsThePlanOfItsArguments) {
@@ -171,24 +168,45 @@ TEST(DecodePlan, MemoReturnsThePlanOfItsArguments) {
   EXPECT_TRUE(differ);
 }
 
-TEST(DecodePermutation, AFragmentAndBTileAgreeAndCoverTheStep) {
-  std::set<int> cols;
-  for (int p = 0; p < 64; ++p) cols.insert(dec::decode_logical_col(p));
-  ASSERT_EQ(cols.size(), 64u);
-  EXPECT_EQ(*cols.begin(), 0);
-  EXPECT_EQ(*cols.rbegin(), 63);
+TEST(DecodeLayout, AFragmentBytesAreThePtxLayoutAndTheSwizzleIsABijection) {
+  // The A fragment element e of lane q in k16 slice s is K column
+  // 16s + 8·(e/4) + 2q + e%2 (PTX layout, written here independently); the
+  // kernel loads it as byte a_fragment_byte of the row's 64-K step, in pairs
+  // (e, e+1) that are adjacent bytes.
+  std::set<int> bytes;
   for (int q = 0; q < 4; ++q)
     for (int s = 0; s < 4; ++s)
       for (int e = 0; e < 8; ++e) {
         const int ptx_col = 16 * s + 8 * (e / 4) + 2 * q + e % 2;
-        const int byte = dec::decode_a_byte(q, s, e);
-        EXPECT_GE(byte, 16 * q);
-        EXPECT_LT(byte, 16 * q + 16) << "lane q only loads bytes [16q, 16q + 16)";
-        EXPECT_EQ(dec::decode_logical_col(byte), ptx_col) << "q " << q << " s " << s << " e " << e;
+        EXPECT_EQ(dec::a_fragment_byte(q, s, e), ptx_col) << "q " << q << " s " << s << " e " << e;
+        if (e % 2 == 1) EXPECT_EQ(dec::a_fragment_byte(q, s, e), dec::a_fragment_byte(q, s, e - 1) + 1);
+        if ((e / 2) % 2 == 0) bytes.insert(dec::a_fragment_byte(q, s, e));  // row r (rows r + 8 repeat them)
       }
-  // Worked: byte 16q + 4s + {0,1} -> the pair (2q, 2q+1) of slice s, 16q + 4s + {2,3} -> (2q+8, 2q+9).
-  EXPECT_EQ(dec::decode_logical_col(16 * 3 + 4 * 2 + 0), 16 * 2 + 6);
-  EXPECT_EQ(dec::decode_logical_col(16 * 3 + 4 * 2 + 3), 16 * 2 + 8 + 6 + 1);
+  EXPECT_EQ(bytes.size(), 64u) << "a row's four lanes cover the step once";
+  // The 128-byte swizzle: within each 8-row atom a bijection of the 1024
+  // bytes, row n's bytes stay in its own 128-B line, and the 8 rows' copies of
+  // one 16-B unit land in 8 different bank groups (what makes the A loads and
+  // the transform's stores conflict-free).
+  for (int atom = 0; atom < 3; ++atom) {
+    std::set<int> seen;
+    for (int n = 8 * atom; n < 8 * atom + 8; ++n) {
+      std::set<int> groups;
+      for (int byte = 0; byte < 128; ++byte) {
+        const int o = dec::sw128_offset(n, byte);
+        EXPECT_EQ(o / 128, n);
+        EXPECT_EQ(o % 16, byte % 16);
+        seen.insert(o);
+      }
+    }
+    EXPECT_EQ(seen.size(), 1024u);
+    for (int unit = 0; unit < 8; ++unit) {
+      std::set<int> groups;
+      for (int n = 8 * atom; n < 8 * atom + 8; ++n) groups.insert((dec::sw128_offset(n, 16 * unit) % 128) / 16);
+      EXPECT_EQ(groups.size(), 8u) << "unit " << unit;
+    }
+  }
+  // Worked: row 5, byte 0x23 (unit 2) -> unit 2 ^ 5 = 7.
+  EXPECT_EQ(dec::sw128_offset(5, 0x23), 5 * 128 + 7 * 16 + 3);
 }
 
 // ----------------------------------------------------------- SM100 target

@@ -45,7 +45,7 @@ double ref_bf16(uint16_t h) {
   std::memcpy(&f, &u, 4);
   return double(f);
 }
-// SPEC §4 F8_128x4, typed from the SPEC text.
+// docs/contract.md §4.1 F8_128x4, typed from the contract text.
 int64_t ref_sf_offset(int64_t r, int64_t c, int64_t cols) {
   const int64_t kt = (cols + 3) / 4;
   return ((r / 128) * kt + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
