@@ -103,9 +103,10 @@ using splitk::tile_index;
 template <bool kBig>
 __device__ __forceinline__ void load_a_step(uint32_t w_tile, int c2, int r, int q, uint32_t sw_r, uint32_t sw_r8,
                                             ASet& a) {
-  const uint32_t row = w_tile + static_cast<uint32_t>(sw128_offset(r, 0));
-  const uint32_t row8 = w_tile + static_cast<uint32_t>(sw128_offset(r + 8, 0));
-  const uint32_t x7 = static_cast<uint32_t>(r & 7);  // the same for r + 8
+  // sw128_offset(row, byte) with the row's unit XOR applied below (r % 8 = (r + 8) % 8).
+  const uint32_t row = w_tile + static_cast<uint32_t>(r * 128);
+  const uint32_t row8 = row + 8 * 128;
+  const uint32_t x7 = static_cast<uint32_t>(r & 7);
 #pragma unroll
   for (int s = 0; s < kMmasPerStep; ++s) {
     const int blk = 2 * c2 + s / 2;
