@@ -11,12 +11,14 @@
 #
 # Env: BENCH_FILTER (a --benchmark_filter replacing the standard one),
 #      M3QKV_BENCH_TARGET_S (seconds per entry, default the bench's 0.3),
-#      SKIP_BUILD=1 (use build-bench/ as it is), JOBS (default nproc).
+#      M3QKV_BENCH_BUILD (build directory, default build-bench), SKIP_BUILD=1 (use
+#      it as it is, e.g. the GPU suite's build-dev), JOBS (default nproc),
+#      BENCH_ARGS (more benchmark arguments, e.g. --benchmark_min_time=0.05s).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT"
 OUT_JSON=${1:-bench/results/h200.json}
-BUILD=build-bench
+BUILD=${M3QKV_BENCH_BUILD:-build-bench}
 STANDARD='^(peak_bf16|peak_fp8|copy_d2d|floor_read|fused_sm90|fused_sm90_fp8|fused_sm90_xbf16_fp8|fused_sm90_invariant_fp8|fused_sm90_fast_fp8|gemm_sm90_fast|cublas_bf16|cublas_bf16\+insert|cublaslt_fp8|cublaslt_fp8\+insert)(/|$)'
 FILTER=${BENCH_FILTER:-$STANDARD}
 if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
@@ -25,5 +27,5 @@ if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
 fi
 mkdir -p "$(dirname "$OUT_JSON")"
 "$BUILD/bench/m3qkv_bench" --benchmark_filter="$FILTER" --benchmark_out="$OUT_JSON" --benchmark_out_format=json \
-  --benchmark_counters_tabular=true
+  --benchmark_counters_tabular=true ${BENCH_ARGS:-}
 python3 tools/bench_table.py --json "$OUT_JSON" || echo "bench_sweep: tools/bench_table.py failed (tables not regenerated)"

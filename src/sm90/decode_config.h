@@ -146,6 +146,7 @@ struct Config {
   static constexpr int kEmptyArrivals = kConsumerThreads + (kTransform ? kTransformThreads : 0);
   static constexpr int kBFullArrivals = kTransformThreads;
   static constexpr int kBEmptyArrivals = kConsumerThreads;
+  static constexpr int kTFreeArrivals = kConsumerThreads;  // every thread's T accesses of the unit are done
 
   static_assert(kStages >= 3, "at least 3 stages (48 KiB of weights) in flight per SM");
   static_assert(!kTransform || (kBSlots >= 2 && kBSlots <= 3), "B slots (barrier block holds 3)");

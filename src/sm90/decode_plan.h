@@ -13,8 +13,18 @@ namespace m3qkv::sm90 {
 // Largest M the plan covers (the kernel's 32-bit token index); token blocks
 // of 128 above M = 64, each converting its weight tiles once.
 constexpr int64_t kDecodeMaxM = (int64_t{1} << 31) - 256;
-// The swap-AB kernel serves every M on SM90 (docs/sm90.md "Routing").
-constexpr bool decode_preferred(int64_t m, int heads) { return m >= 1 && m <= kDecodeMaxM && heads >= 1; }
+// Routing of sm90_fused (docs/sm90.md "Routing"), measured on the H200
+// (fused_sm90_fp8 against sm90_tile / sm90_prefill, bench/README.md): bf16
+// activations always take the swap-AB kernel (the only SM90 kernel that reads
+// them); MXFP8 activations take it up to kSwapAbMaxMxfp8M tokens, where it
+// matches or beats the tile kernels (TP4 M = 1: 12.96 us both), and the tile /
+// prefill kernels above (TP4 M = 64: 21.1 against 26.2 us, M = 512: 62.8
+// against 107: the transform warps' per-head activation conversion).
+constexpr int64_t kSwapAbMaxMxfp8M = 32;
+constexpr bool decode_preferred(int64_t m, int heads, bool x_bf16) {
+  if (m < 1 || m > kDecodeMaxM || heads < 1) return false;
+  return x_bf16 || m <= kSwapAbMaxMxfp8M;
+}
 // Most splits the plan considers (a unit is at least one 128-K stage).
 constexpr int kDecodeMaxSplit = 64;
 // Token blocks = the wgmma N the kernel is instantiated for; no busy-SM rule

@@ -33,8 +33,8 @@
 // fence.proxy.async, arrives bfull[j]; the consumers wait bfull[j], issue the
 // stage's 8 wgmmas, and release slot j after the next stage's wait_group 1
 // (or the unit's wait_group 0). The reduction tile T aliases the B ring: the
-// transform starts a unit's stages only after tfree, which consumer thread 0
-// arrives at once the previous unit's finish_unit is done with T.
+// transform starts a unit's stages only after tfree, which the consumers
+// arrive at once the previous unit's finish_unit is done with T.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
@@ -370,10 +370,9 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
     // Both warpgroups' wgmmas have read the B ring before T overwrites it.
     ptx::bar_sync(kBarrierNamed, kConsumerThreads);
     lasts += finish_unit<NT>(p, w, u, acc, T, flag) ? 1 : 0;
-    if (t == 0) {
-      if constexpr (C::kTransform) ptx::mbarrier_arrive(b.tfree);  // finish_unit ended with a barrier: T is free
-      trace_event(p, kTrEpiDone);
-    }
+    // Every thread's T accesses are done: each releases them to the transform.
+    if constexpr (C::kTransform) ptx::mbarrier_arrive(b.tfree);
+    if (t == 0) trace_event(p, kTrEpiDone);
     ++units;
   }
   if (t == 0) {
@@ -407,7 +406,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbarrier_init(b.bfull0 + 8 * s, C::kBFullArrivals);
       ptx::mbarrier_init(b.bempty0 + 8 * s, C::kBEmptyArrivals);
     }
-    ptx::mbarrier_init(b.tfree, 1);
+    ptx::mbarrier_init(b.tfree, C::kTFreeArrivals);
     ptx::fence_mbarrier_init_release_cluster();  // visible to the async proxy (TMA complete_tx)
   }
   __syncthreads();

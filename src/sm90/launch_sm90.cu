@@ -76,7 +76,7 @@ int max_clusters(const Sm90Setup& s, int split) {
 
 }  // namespace
 
-bool sm90_uses_decode(int64_t m, int heads) { return sm90::decode_preferred(m, heads); }
+bool sm90_uses_decode(int64_t m, int heads, bool x_bf16) { return sm90::decode_preferred(m, heads, x_bf16); }
 
 m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                int split) {
@@ -242,7 +242,8 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
-  if (sm90_uses_decode(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik))) return sm90_fused_decode(a, dev, acc_tap, s, 0);
+  if (sm90_uses_decode(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), activations_bf16(a) != nullptr))
+    return sm90_fused_decode(a, dev, acc_tap, s, 0);
   return sm90_fused_variant(a, dev, acc_tap, s, kSm90AutoVariant, 0, 0);
 }
 

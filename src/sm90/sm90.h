@@ -59,9 +59,9 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 // workspace. args.grid > 0 caps the grid. Arguments validated, m > 0.
 m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                int split = 0);
-// Whether sm90_fused routes M tokens over `heads` heads to the decode path
-// (sm90::decode_preferred: the measured crossover).
-bool sm90_uses_decode(int64_t m, int heads);
+// Whether sm90_fused routes M tokens over `heads` heads (bf16 activations or
+// MXFP8) to the swap-AB kernel (sm90::decode_preferred: the measured crossover).
+bool sm90_uses_decode(int64_t m, int heads, bool x_bf16);
 
 // cudaOccupancyMaxActiveClusters of variant A's split-K instance with
 // clusters of `split` CTAs on `dev`, as the automatic choice sees it (0:

@@ -125,7 +125,7 @@ std::string exact_name(const ExactCase& c) {
 std::vector<ExactCase> exact_cases() {
   std::vector<ExactCase> v;
   for (const Heads& h : {kTP1, kTP2, kTP4, kTP8, kDense})
-    for (int64_t m : {1, 2, 7, 16, 33, 64, 129, 256})
+    for (int64_t m : {1, 2, 7, 16, 33, 64, 129, 256, 300})
       for (int bs : {16, 128}) v.push_back({h, m, bs});
   return v;
 }
@@ -236,16 +236,16 @@ TEST(Sm90DecodeShapes, CountersOfAGrowingPlanOnOneStream_TP1) {
   }
 }
 
-// The public API routes every M on CC 9.0 to the swap-AB kernel
-// (sm90::decode_preferred): the golden model's bytes at one, two and eleven
-// token blocks of 128 (split and unsplit plans).
+// The public API routes MXFP8 activations to the swap-AB kernel up to 32
+// tokens and to the tile kernels above (sm90::decode_preferred): either way
+// the golden model's bytes.
 TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
   M3QKV_REQUIRE_SM90_DECODE();
   print_seed_once();
   const int heads = kTP4.nq + 2 * kTP4.nkv + kTP4.niq + kTP4.nik;
-  ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads) && m3qkv::sm90_uses_decode(256, heads) &&
-              m3qkv::sm90_uses_decode(4096, heads));
-  ASSERT_FALSE(m3qkv::sm90_uses_decode(0, heads) || m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1, heads));
+  ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads, false) && m3qkv::sm90_uses_decode(4096, heads, true));
+  ASSERT_FALSE(m3qkv::sm90_uses_decode(64, heads, false) ||
+               m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1, heads, true));
   for (int64_t m : {3, 64, 256, 1300}) {
     const Problem p = make_problem(config(kTP4, m, 1024, /*exact=*/true, 16));
     const std::vector<float> acc = golden_acc(p);

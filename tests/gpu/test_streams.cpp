@@ -318,7 +318,7 @@ void capture_replay_one(const GraphCase& c, const Shape& shape, uint64_t seed_ta
   // its process. A grid of one CTA per head means the plan did not split.
   const Heads& hd = shape.heads;
   const int heads = hd.nq + 2 * hd.nkv + hd.niq + hd.nik;
-  if (c.backend == M3QKV_BACKEND_NONE && m3qkv::sm90::decode_preferred(shape.m, heads) && auto_is_sm90()) {
+  if (c.backend == M3QKV_BACKEND_NONE && m3qkv::sm90::decode_preferred(shape.m, heads, false) && auto_is_sm90()) {
     bool split = false;
     for (const KernelNode& k : nodes) split = split || k.grid.x > static_cast<unsigned>(heads);
     EXPECT_TRUE(split) << "SM90 did not take the split-K decode path on " << shape_name(shape) << ": "
