@@ -1,8 +1,7 @@
-// The one-launch SM90 prefill paths (issue 12: one launch per call): the
-// persistent grid converts the MX operands to bf16 itself, then meets at a
-// grid barrier, and only then does any TMA read the copies. Before, a
-// separate dequant_mx_kernel ran first: a second launch (~3 µs of host time
-// per call on the H200 host, docs/host.md) and a grid boundary.
+// The one-launch SM90 prefill paths: the persistent grid converts the MX
+// operands to bf16 itself, then meets at a grid barrier, and only then does
+// any TMA read the copies (one launch per call: a separate conversion kernel
+// costs a second launch's host time, docs/host.md).
 //
 // Conversion: e4m3 · 2^(s-127) exactly in bf16 (dequant_sm90.cuh), 16
 // elements (one 16-B load, two 16-B stores) per group; thread t of the grid

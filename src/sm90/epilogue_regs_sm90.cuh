@@ -1,5 +1,5 @@
 // Register-resident epilogue of one consumer warpgroup's 64 x 128 accumulator
-// block: the SPEC §3 epilogue computed directly on the wgmma fragment by the
+// block: the docs/contract.md §3 epilogue computed directly on the wgmma fragment by the
 // shared quad epilogue of src/common/epilogue_quad.cuh.
 //
 // Fragment (ptx/wgmma.cuh): thread (warp w, lane l) holds rows 16w + l/4 + 8h

@@ -276,8 +276,8 @@ constexpr int kPartBytes = kRowsPerWg * kBN * 4;  // one warpgroup's partial blo
 // split-1 (((p0 + p1) + p2) ...: deterministic) and runs the epilogue on those
 // rows. Every warp owns at most one half (split >= 2), so each thread pulls
 // and finalizes at most 32 values, and the epilogue runs on `split` CTAs at
-// once (a leader pulling every partial took 5.8 µs of serial pulls and 5-15 µs
-// of single-warpgroup epilogue per tile at split 5 on the H200).
+// once (a single leader pulling every partial serialized the pulls and the
+// epilogue on one warpgroup).
 // Protocol: each rank stores its partial in its own `part` (after red_empty
 // says every reader of the previous tile is done), arrives on every other
 // rank's red_full (count (split-1)·128), waits its own red_full, pulls, then

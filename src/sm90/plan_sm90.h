@@ -119,20 +119,15 @@ inline m3qkv_status plan(const char* fn, const PlanInput& in, Plan* out) {
 // 6144): past it the call runs variant A instead of growing the workspace.
 constexpr int64_t kPreAMaxBytes = int64_t{512} << 20;
 // The automatic choice's tile height from M = kPreAMinM up: 128 rows (so the
-// prefill instance), even where 128-row tiles leave SMs idle — measured on the
-// H200 (bench/RESULTS.md v9, cold L2, µs, automatic plan / 128 rows pre-A):
-//   TP4 M = 512   94.5 (64-row split-K A) / 58.5     TP8 M = 512   61.2 / 58.3
-//   TP8 M = 1024  95.3 (64-row split-K A) / 62.5     (TP2, TP1 already 128 rows)
-// Below it the plan decides (M 257..511 not measured yet).
+// pre-A / prefill instances), even where 128-row tiles leave SMs idle: the
+// 64-row split-K plan lost at TP4 / TP8 M = 512 and 1024 (bench entries
+// sm90_A_regs against sm90_A_preA). Below it the plan decides.
 constexpr int64_t kPreAMinM = 512;
 inline int auto_block_m(int64_t m) { return m >= kPreAMinM ? 128 : 0; }
 // From M = kPrefillMinM the automatic choice is the prefill kernel (both
 // operands converted per call; ŵ costs N·K·3 bytes whatever M) where it
-// applies, measured on the H200 (bench/RESULTS.md v10, cold L2, µs, pre-A /
-// prefill):        M = 512        M = 1024       M = 4096       M = 16384
-//   TP4          57.8 / 60.3    108.0 / 97.3   290.3 / 273.0  1151.9 / 942.7
-//   TP1         155.3 / 177.9   269.4 / 268.8 1041.6 / 884.9  4078.2 / 3735.5
-//   TP8          58.0 / 53.9     60.2 / 57.4   185.5 / 170.8   730.8 / 619.5
+// applies: sm90_prefill beats sm90_A_preA from M = 1024 at every TP (at
+// M = 512 the conversion of ŵ is not amortized).
 constexpr int64_t kPrefillMinM = 1024;
 inline bool prefer_prefill(int64_t m) { return m >= kPrefillMinM; }
 inline bool pre_a_applies(const Plan& p, int64_t m, int64_t k) {
@@ -146,9 +141,9 @@ inline bool prefill_applies(const Plan& p, int64_t m, int64_t n, int64_t k) {
 // The grid of the one-launch pre-A and prefill kernels, which convert their
 // operands before the mainloop (convert_sm90.cuh): one CTA per SM even where
 // there are fewer tiles (the extra CTAs convert, meet at the grid barrier
-// and leave), so that every SM converts; H200 call 4: TP8 M = 1024 (96
-// tiles) took 62.0 µs on a 96-CTA grid against 57.5 with the separate
-// conversion kernel. A caller's grid override stands as the plan set it.
+// and leave), so that every SM converts (a grid of only the tiles' CTAs left
+// the conversion on fewer SMs: slower at TP8 M = 1024, 96 tiles). A caller's
+// grid override stands as the plan set it.
 inline int one_launch_grid(const Plan& p, int num_sms, int32_t override_grid) {
   if (override_grid > 0 || p.grid >= num_sms) return p.grid;
   return num_sms;

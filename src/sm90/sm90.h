@@ -13,11 +13,8 @@ namespace m3qkv {
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s);
 m3qkv_status sm90_warmup(const DeviceInfo& dev);
 
-// The SM90 tile-kernel instances (docs/sm90.md). Variant B (fp8 wgmma with a
-// per-32-K promotion) and the staged epilogue were removed in the fourth
-// session: no dispatch ran them (bench/RESULTS.md v2: B's GEMM error 9e-5
-// against 4.6e-7, the staged epilogue 16 % slower than the register one; v10:
-// the prefill kernel 2x faster than either at M = 4096). Value 1 stays unused.
+// The SM90 tile-kernel instances (docs/sm90.md). Value 1 stays unused (a
+// dropped variant's number, CHANGELOG.md).
 enum Sm90Variant : int {
   // A: e4m3·2^e -> bf16 in shared memory by a transform warpgroup, bf16 wgmma
   // m64n128k16 with f32 accumulators, the register epilogue on the fragment.
