@@ -169,9 +169,10 @@ fi
 #   fused_bf16dq_kernel    variant A (BM = 64 / 128, split-K, the pre-converted-
 #                          activations instance), bf16 wgmma m64n128k16 -> HGMMA.64x128x16.F32.BF16
 #   fused_prefill_kernel   the prefill kernel (prefill_sm90.cu), the same wgmma
-#   m3qkv_sm90_decode_kernel  decode (decode_sm90.cu), NT = 16/32/64/128: bf16
-#                          wgmma m64nNTk16 with A from registers -> HGMMA.64xNTx16.F32.BF16
-#                          (8 per 128-K stage: 2 unrolled 64-K steps of 4)
+#   m3qkv_sm90_decode_kernel  the swap-AB kernel (decode_sm90.cu), NT = 16/32/64/128
+#                          x {e4m3, bf16} activations: bf16 wgmma m64nNTk16 with A from
+#                          registers -> HGMMA.64xNTx16.F32.BF16 (8 per 128-K stage: two
+#                          unrolled 64-K steps of 4)
 # Each: present, no local memory, its wgmma kind at least once per k-step of a
 # stage (4, the unrolled loop), not the other kind nor mma.sync (HMMA), and
 # setmaxnreg kept by ptxas (USETMAXREG; ptxas drops it with warning C7508 when

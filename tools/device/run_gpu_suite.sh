@@ -4,7 +4,7 @@
 #
 #   bash tools/device/run_gpu_suite.sh
 #
-# From the session, one device call (machine kind nvidia-h200):
+# As one call of the device tool (machine kind nvidia-h200):
 #   run(command="bash tools/device/run_gpu_suite.sh", timeout_s=600)
 # with knobs as env in front, e.g. "SKIP_BENCH=1 GTEST_FILTER='*Fused*' bash ...".
 # A warm machine keeps build-dev/ (ignored by git) between calls: later builds
