@@ -9,6 +9,7 @@
 
 #include <stdint.h>
 
+#include "common/ring.h"
 #include "sm100/desc.h"  // M3_SM100_HDC
 
 namespace m3qkv::sm100::pipe {
@@ -25,17 +26,9 @@ M3_SM100_HDC uint32_t empty_parity(uint32_t g, uint32_t S) { return ((g / S) & 1
 // The commit of the MMAs of k-block g completes phase g / S of empty[g % S].
 M3_SM100_HDC uint32_t commit_parity(uint32_t g, uint32_t S) { return (g / S) & 1u; }
 
-// Incremental form of (stage_of, full_parity) used in the hot loops.
-template <uint32_t S>
-struct Ring {
-  uint32_t idx = 0, phase = 0;
-  M3_SM100_HDC void advance() {
-    if (++idx == S) {
-      idx = 0;
-      phase ^= 1u;
-    }
-  }
-};
+// Incremental form of (stage_of, full_parity) used in the hot loops: the
+// library's one stage ring (src/common/ring.h).
+using m3qkv::Ring;
 
 // ------------------------------------------------------- scale-factor slots
 // k-block g's scale factors live in TMEM slot g % R. tcgen05.mma -> tcgen05.cp

@@ -43,6 +43,7 @@
 #include "common/epilogue_quad.cuh"
 #include "common/splitk_reduce.cuh"
 #include "common/layouts.h"
+#include "common/ring.h"
 #include "host/launch.h"
 #include "ptx/elect.cuh"
 #include "ptx/fence.cuh"
@@ -54,14 +55,12 @@
 #include "ptx/sm90_extra.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
-#include "sm100/pipeline.h"
 #include "sm90/decode_config.h"
 #include "sm90/dequant_sm90.cuh"
 
 namespace m3qkv::sm90::decode {
 namespace {
 
-using sm100::pipe::Ring;
 
 template <int NT>
 __device__ __forceinline__ void mma_rs(float (&acc)[NT / 2], const uint32_t (&a)[4], uint64_t desc_b, uint32_t scale_d) {
