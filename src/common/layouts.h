@@ -24,6 +24,10 @@ M3_HD int64_t f8_128x4_offset(int64_t r, int64_t c, int64_t cols) {
   const int64_t kt = f8_128x4_padded_cols(cols) / 4;
   return ((r / 128) * kt + c / 4) * 512 + (r % 32) * 16 + ((r % 128) / 32) * 4 + (c % 4);
 }
+// Inside one 512-B chunk (128 rows × 4 scale columns, what a kernel stage
+// holds): the byte of row r's 4 scales, one 32-bit word (f8_128x4_offset of
+// (r, 0) modulo the chunk, r in [0, 128)).
+M3_HD int f8_128x4_chunk_word(int r) { return (r % 32) * 16 + (r / 32) * 4; }
 
 // Alignment of every output and cache row start, which the kernels' 16-byte
 // vector stores of whole rows rely on (epilogue_head_row's uint4 stores, the

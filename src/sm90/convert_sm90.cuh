@@ -69,7 +69,7 @@ __device__ __forceinline__ void convert_operands(const KernelParams& p) {
       const int64_t c = g - row * per_row;  // K 16c .. 16c + 15: stage c / 8, MX block c / 2
       v[u] = *reinterpret_cast<const uint4*>(q + row * k + kConvertGroup * c);
       const uint8_t* chunk = sf + ((row / 128) * p.k_stages + c / (kBK / kConvertGroup)) * kSfChunk;
-      s[u] = chunk[sf_chunk_word(static_cast<int>(row % 128)) + (c / (kMxBlock / kConvertGroup)) % 4];
+      s[u] = chunk[f8_128x4_chunk_word(static_cast<int>(row % 128)) + (c / (kMxBlock / kConvertGroup)) % 4];
       out[u] = (in_x ? p.conv_x.out : p.conv_w.out) + (row * k + kConvertGroup * c) * 2;
     }
 #pragma unroll

@@ -88,10 +88,6 @@ __device__ __forceinline__ void fence_regs(ASet& a) {
     for (int i = 0; i < 4; ++i) asm volatile("" : "+r"(a[s][i])::"memory");
 }
 
-// Byte (r, scale column c) of a 512-B F8_128x4 chunk is at
-// (r % 32)·16 + (r / 32)·4 + c: the 4 scale bytes of row r are one word.
-__device__ __forceinline__ int sf_word_offset(int r) { return (r % 32) * 16 + (r / 32) * 4; }
-
 // The reduction tile T[NT][128] f32 (splitk::tile_index layout) aliases the B ring.
 using splitk::tile_index;
 
@@ -230,7 +226,7 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
 #pragma unroll 2
       for (int k = tt; k < kTasks; k += kTransformThreads) {
         const int n = k % NT, unit = k / NT;  // consecutive lanes: consecutive tokens (bank groups)
-        const uint32_t sx = ptx::ld_shared_b32(st + C::kXsfOff + sf_word_offset((tb * NT) % 128 + n));
+        const uint32_t sx = ptx::ld_shared_b32(st + C::kXsfOff + f8_128x4_chunk_word((tb * NT) % 128 + n));
         // Scales above 2^7 need a second multiply: a warp-uniform choice
         // (MXFP8 scales sit near 2^-8).
         if (__any_sync(0xffffffffu, any_big_scale(sx)))
@@ -285,8 +281,8 @@ __device__ __forceinline__ void consume_stage(uint32_t st, uint32_t b_tile, uint
                                               uint32_t bfull_parity, uint32_t release, uint32_t& pending, int r,
                                               int q, bool first, float (&acc)[NT / 2], ASet& a0, ASet& a1) {
   using C = Config<NT, XB>;
-  const uint32_t sw_r = ptx::ld_shared_b32(st + C::kWsfOff + sf_word_offset(r));
-  const uint32_t sw_r8 = ptx::ld_shared_b32(st + C::kWsfOff + sf_word_offset(r + 8));
+  const uint32_t sw_r = ptx::ld_shared_b32(st + C::kWsfOff + f8_128x4_chunk_word(r));
+  const uint32_t sw_r8 = ptx::ld_shared_b32(st + C::kWsfOff + f8_128x4_chunk_word(r + 8));
   // Scales above 2^7 need a second multiply: a warp-uniform choice, so the
   // common case issues one multiply per pair (MXFP8 scales sit near 2^-8).
   const bool big = __any_sync(0xffffffffu, any_big_scale(sw_r) || any_big_scale(sw_r8));

@@ -233,8 +233,8 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kSplit, kPreA>::kLaunchBound,
     PipeState<C::kBfStages> bs;
     for (int ti = wk.first; ti < p.num_tiles; ti += wk.step) {
       const Tile tl = tile_of(p, ti);
-      const int sfa_off = kPreA ? 0 : sf_chunk_word(sf_chunk_row<kBM>(tl.mb, r < kBM ? r : 0));
-      const int sfb_off = sf_chunk_word(r);
+      const int sfa_off = kPreA ? 0 : f8_128x4_chunk_word(sf_chunk_row<kBM>(tl.mb, r < kBM ? r : 0));
+      const int sfb_off = f8_128x4_chunk_word(r);
       // A rows past M (TMA zero-filled) need no conversion: zeros are stored
       // (at M = 1 this skips a third of the transform work).
       // kPreA: the A producer fills the A half of every bf16 stage.

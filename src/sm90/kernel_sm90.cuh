@@ -145,13 +145,12 @@ struct PipeState {
 };
 
 // Row of the 512-byte F8_128x4 scale chunk a tile row reads: the chunk covers
-// 128 rows; a 64-row tile (BM = 64) uses its half selected by the block parity.
+// 128 rows; a 64-row tile (BM = 64) uses its half selected by the block parity
+// (the row's 4 scale bytes: f8_128x4_chunk_word, common/layouts.h).
 template <int kBM>
 __device__ __forceinline__ int sf_chunk_row(int mb, int row_in_tile) {
   return kBM == 128 ? row_in_tile : 64 * (mb & 1) + row_in_tile;
 }
-// Byte offset in the chunk of the 4 scale bytes (k-blocks 0..3 of the stage) of chunk row r.
-__device__ __forceinline__ int sf_chunk_word(int r) { return (r % 32) * 16 + (r / 32) * 4; }
 
 // The TMA producer (one elected thread): per stage the A tile (BM x 128 B), the
 // B tile (128 x 128 B) and the two 512-byte scale chunks, all completing on

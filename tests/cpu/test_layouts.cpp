@@ -191,3 +191,14 @@ TEST(HeadLayout, CacheAndQueryHeadsPartitionTheHeads) {
   EXPECT_EQ(m3qkv::query_head(15, 16, 1), 15);
   EXPECT_EQ(m3qkv::query_head(16, 16, 1), 18);
 }
+
+// The kernels' in-chunk form of the F8_128x4 layout: row r's 4 scale bytes of
+// one 512-B chunk are the 32-bit word at f8_128x4_chunk_word(r), the full
+// offset of (r, 0..3) modulo the chunk.
+TEST(Layouts, F8ChunkWordIsTheOffsetWithinTheChunk) {
+  for (int64_t r = 0; r < 384; ++r)
+    for (int c = 0; c < 4; ++c)
+      EXPECT_EQ(m3qkv::f8_128x4_offset(r, c, 4) % 512, m3qkv::f8_128x4_chunk_word(static_cast<int>(r % 128)) + c)
+          << "row " << r << " col " << c;
+  EXPECT_EQ(m3qkv::f8_128x4_chunk_word(33), 16 + 4);
+}
