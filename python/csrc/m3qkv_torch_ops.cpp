@@ -148,7 +148,8 @@ struct Dev {
   }
 };
 
-// One tensor argument, read once through the C shim; h == nullptr for None.
+// One tensor argument, read once through the C shim; h == nullptr for None
+// (and for an undefined tensor: Python's None for a `Tensor` argument).
 struct T {
   AtenTensorHandle h = nullptr;
   int32_t dtype = -1;
@@ -158,7 +159,11 @@ struct T {
   const int64_t* st = nullptr;
 
   T() = default;
-  explicit T(const Tensor& t) : h(t.get()) {
+  explicit T(const Tensor& t) {
+    bool defined = false;
+    check(aoti_torch_is_defined(t.get(), &defined), "aoti_torch_is_defined");
+    if (!defined) return;
+    h = t.get();
     check(aoti_torch_get_dtype(h, &dtype), "aoti_torch_get_dtype");
     check(aoti_torch_get_device_type(h, &dev.type), "aoti_torch_get_device_type");
     check(aoti_torch_get_device_index(h, &dev.index), "aoti_torch_get_device_index");
