@@ -717,10 +717,11 @@ std::tuple<Tensor, Tensor> mxfp8_quantize(const Tensor& x_, bool use_pdl) {
 }  // namespace
 
 // A FRAGMENT, not STABLE_TORCH_LIBRARY: a second DEF block of one namespace
-// (e.g. this library loaded after some other code already declared m3qkv
-// ops) crashes the process inside the static initializer (seen with torch
-// 2.11), while a fragment only logs the clash. _native.py loads the library
-// only when no m3qkv op exists yet.
+// (e.g. this library loaded after some other code declared m3qkv ops in a
+// torch.library.Library "DEF") crashes the process inside this static
+// initializer (a segfault with torch 2.11), while a fragment logs the clash
+// and goes on (its kernels then override the earlier ones). _native.py loads
+// the library only when no m3qkv op exists yet.
 STABLE_TORCH_LIBRARY_FRAGMENT(m3qkv, m) {
   m.def(kFusedSchema);
   m.def(kInsertSchema);
