@@ -1,7 +1,8 @@
 // torch custom ops m3qkv::{fused_qkv, qknorm_rope_kv_insert, mxfp8_gemm,
 // mxfp8_quantize} in C++ through libtorch's stable ABI (torch/csrc/stable,
-// the C shim): one build loads in every torch from the version it targets
-// (TORCH_TARGET_VERSION, set by CMakeLists.txt) on, as the ctypes path does.
+// the C shim): built for the version TORCH_TARGET_VERSION names (2.10, set by
+// CMakeLists.txt), one build is meant to load in that torch and every later
+// one, as the ctypes path does (tested with torch 2.11).
 //
 // Ownership (python/m3qkv/_native.py): `import m3qkv` loads this library
 // with torch.ops.load_library before python/m3qkv/_ops.py declares anything;

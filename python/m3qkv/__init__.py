@@ -1,7 +1,7 @@
 """m3qkv: MiniMax-M3's fused MXFP8 QKV projection + RMSNorm/RoPE/cache-insert
 epilogue, as torch custom ops over the m3qkv C library: in C++ through
 libtorch's stable ABI (libm3qkv_torch_ops.so, built when torch is importable
-at build time; one build loads in every torch from 2.10 on) or, without it,
+at build time, for the stable ABI of torch 2.10 and later) or, without it,
 through ctypes (m3qkv.torch_ops() says which, and why).
 
 Ops (namespace m3qkv; each is also a function of this module with the same
