@@ -63,9 +63,9 @@ if "$py" -c "import torch, pytest" >/dev/null 2>&1; then
   pyjunit="$bdir/m3qkv_pytest.xml"
   rm -f "$pyjunit"
   # The C++ torch ops of this build when CMake built them (torch importable
-  # by $PYTHON at configure time), else the package's ctypes ops.
+  # by $PYTHON at configure time; opted in: the default is ctypes), else the ctypes ops.
   tops=()
-  [[ -f "$bdir/libm3qkv_torch_ops.so" ]] && tops=(M3QKV_TORCH_OPS_LIBRARY="$bdir/libm3qkv_torch_ops.so")
+  [[ -f "$bdir/libm3qkv_torch_ops.so" ]] && tops=(M3QKV_TORCH_OPS=auto M3QKV_TORCH_OPS_LIBRARY="$bdir/libm3qkv_torch_ops.so")
   set +e
   env M3QKV_LIBRARY="$bdir/libm3qkv.so" M3QKV_GOLDEN_LIBRARY="$bdir/libm3qkv_golden_capi.so" "${tops[@]}" \
     M3QKV_REPO_ROOT="$ROOT" PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \

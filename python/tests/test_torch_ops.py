@@ -442,7 +442,7 @@ def test_ctypes_fallback_is_reported_once():
 
 def test_missing_library_falls_back_and_says_why():
     missing = "/nonexistent/libm3qkv_torch_ops.so"
-    got = report(M3QKV_TORCH_OPS=None, M3QKV_TORCH_OPS_LIBRARY=missing)
+    got = report(M3QKV_TORCH_OPS="auto", M3QKV_TORCH_OPS_LIBRARY=missing)
     assert len(got["warnings"]) == 1 and f"M3QKV_TORCH_OPS_LIBRARY={missing} does not exist" in got["warnings"][0]
     assert got["info"]["impl"] == "ctypes" and "_ops.py" in got["cpu_kernel"][0]
 
