@@ -62,8 +62,12 @@ if "$py" -c "import torch, pytest" >/dev/null 2>&1; then
   bdir=$(cd "$BUILD" && pwd)
   pyjunit="$bdir/m3qkv_pytest.xml"
   rm -f "$pyjunit"
+  # The C++ torch ops of this build when CMake built them (torch importable
+  # by $PYTHON at configure time; opted in: the default is ctypes), else the ctypes ops.
+  tops=()
+  [[ -f "$bdir/libm3qkv_torch_ops.so" ]] && tops=(M3QKV_TORCH_OPS=auto M3QKV_TORCH_OPS_LIBRARY="$bdir/libm3qkv_torch_ops.so")
   set +e
-  M3QKV_LIBRARY="$bdir/libm3qkv.so" M3QKV_GOLDEN_LIBRARY="$bdir/libm3qkv_golden_capi.so" \
+  env M3QKV_LIBRARY="$bdir/libm3qkv.so" M3QKV_GOLDEN_LIBRARY="$bdir/libm3qkv_golden_capi.so" "${tops[@]}" \
     M3QKV_REPO_ROOT="$ROOT" PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}" \
     "$py" -m pytest -q -p no:cacheprovider --junitxml="$pyjunit" "$ROOT/python/tests"
   prc=$?

@@ -1,6 +1,8 @@
 """m3qkv: MiniMax-M3's fused MXFP8 QKV projection + RMSNorm/RoPE/cache-insert
-epilogue, as torch custom ops over the m3qkv C library (ctypes; no torch C++
-extension, so one build works with any torch).
+epilogue, as torch custom ops over the m3qkv C library: in C++ through
+libtorch's stable ABI (libm3qkv_torch_ops.so, built when torch is importable
+at build time, for the stable ABI of torch 2.10 and later) or, without it,
+through ctypes (m3qkv.torch_ops() says which, and why).
 
 Ops (namespace m3qkv; each is also a function of this module with the same
 signature):
@@ -15,8 +17,8 @@ signature):
   torch.ops.m3qkv.mxfp8_gemm(xq, xsf, wq, wsf, *, use_pdl=True, grid=None, x_bf16=None) -> bf16 [M, N]
   torch.ops.m3qkv.mxfp8_quantize(x, *, use_pdl=True) -> (xq e4m3 [M, K], xsf uint8 swizzled scales)
   torch.ops.m3qkv.backend(device=-1) -> "sm100" | "sm90" | "portable" | "none"
-Also m3qkv.selftest(device=0) -> dict (run it first on a new kind of GPU) and
-m3qkv.warmup(device).
+Also m3qkv.selftest(device=0) -> dict (run it first on a new kind of GPU),
+m3qkv.warmup(device) and m3qkv.torch_ops() -> dict (C++ or ctypes ops).
 
 The module functions call the library directly in eager mode (no dispatcher
 round trip: the lowest per-call overhead) and go through torch.ops.m3qkv.*
@@ -28,13 +30,15 @@ from __future__ import annotations
 import torch
 
 from . import _capi, _ops
+from ._native import M3qkvTorchOpsFallbackWarning
 from ._capi import (CACHE_BF16, CACHE_FP8, CACHE_NVFP4, FLAG_INDEX_SLOT_OUT_OF_RANGE, FLAG_POSITION_OUT_OF_RANGE,
                     FLAG_SLOT_OUT_OF_RANGE, M3qkvError, M3qkvFallbackWarning, M3qkvRuntimeError, M3qkvValueError,
                     library)
 
 __version__ = "0.1.0"
 __all__ = ["fused_qkv", "qknorm_rope_kv_insert", "mxfp8_gemm", "mxfp8_quantize", "backend", "warmup", "selftest",
-           "library", "M3qkvError", "M3qkvValueError", "M3qkvRuntimeError", "M3qkvFallbackWarning",
+           "library", "torch_ops", "M3qkvError", "M3qkvValueError", "M3qkvRuntimeError", "M3qkvFallbackWarning",
+           "M3qkvTorchOpsFallbackWarning",
            "FLAG_SLOT_OUT_OF_RANGE",
            "FLAG_INDEX_SLOT_OUT_OF_RANGE", "FLAG_POSITION_OUT_OF_RANGE", "CACHE_NVFP4", "CACHE_FP8", "CACHE_BF16"]
 
@@ -94,6 +98,18 @@ def mxfp8_quantize(x, *, use_pdl=True):
     if not _is_compiling() and _direct(x):
         return _ops.mxfp8_quantize_impl(x, use_pdl=use_pdl)
     return torch.ops.m3qkv.mxfp8_quantize(x, use_pdl=use_pdl)
+
+
+def torch_ops() -> dict:
+    """Which implementation torch.ops.m3qkv.* run, as decided at import:
+    {"impl": "c++" | "ctypes", "library": the libm3qkv_torch_ops.so in use or
+    None, "reason": why the ctypes kernels are used, or None}. The C++ ops
+    (fused_qkv, qknorm_rope_kv_insert, mxfp8_gemm, mxfp8_quantize) run no
+    Python per call; their errors are ValueError / RuntimeError with the
+    messages of the ctypes kernels (not the M3qkvError subclasses). The module
+    functions of this package take the ctypes fast path in eager mode either
+    way. M3QKV_TORCH_OPS=ctypes | cpp | auto chooses (see m3qkv/_native.py)."""
+    return {k: v for k, v in _ops.TORCH_OPS.items() if k != "ops"}
 
 
 def backend(device: int = -1) -> str:

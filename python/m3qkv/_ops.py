@@ -1,6 +1,14 @@
-"""torch custom ops m3qkv::* over the C API (ctypes, no torch C++ ABI).
+"""torch custom ops m3qkv::* over the C API: schemas, argument checks, the
+ctypes kernels, the fake kernels and the eager fast path.
 
-Each op has one argument check (_check_*), shared by the CUDA kernel, the
+The ops are implemented twice. When libm3qkv_torch_ops.so is usable (see
+_native.py) it defines fused_qkv, qknorm_rope_kv_insert, mxfp8_gemm and
+mxfp8_quantize with the schemas of SCHEMAS below and runs their CUDA and CPU
+kernels in C++ (the checks of this file ported rule for rule); this module
+then registers only the fake kernels and the backend op. Otherwise the ctypes
+kernels below are the CUDA and CPU kernels.
+
+Each op has one argument check (_check_*), shared by the ctypes kernel, the
 fake/meta kernel (so that torch.compile and torch.export trace the same rules)
 and the direct eager entry points of m3qkv/__init__.py. The check returns the
 scalar fields of the C struct; the CUDA kernel adds the data pointers and the
@@ -14,9 +22,7 @@ import threading
 
 import torch
 
-from . import _capi
-
-LIBRARY = torch.library.Library("m3qkv", "DEF")
+from . import _capi, _native
 
 _E4M3 = torch.float8_e4m3fn
 _SF_DTYPES = (torch.uint8,) + ((torch.float8_e8m0fnu,) if hasattr(torch, "float8_e8m0fnu") else ())
@@ -29,21 +35,35 @@ _EPILOGUE_KW = ("Tensor slot_mapping, Tensor? index_slot_mapping, Tensor(a!) kv_
 _EPILOGUE_TAIL = ("bool use_pdl=True, int? grid=None, Tensor(f!)? v_cache=None, int? nq=None, int? nkv=None, "
                   "int? niq=None, int? nik=None, Tensor(g!)? error_flags=None")
 
-# bf16 activations (x_bf16, appended in 0.3): the optional last argument of
-# fused_qkv and mxfp8_gemm; with it xq and xsf are None (hence `Tensor?`:
-# every call written for the earlier schema still binds the same way).
-LIBRARY.define(
-    "fused_qkv(Tensor? xq, Tensor? xsf, Tensor wq, Tensor wsf, Tensor positions, Tensor cos_sin_cache, "
-    "Tensor q_norm_weight, Tensor k_norm_weight, Tensor? index_q_norm_weight, Tensor? index_k_norm_weight, "
-    f"float eps, *, {_EPILOGUE_KW}, int? cta_group=None, {_EPILOGUE_TAIL}, Tensor? x_bf16=None) -> ()")
-LIBRARY.define(
-    "qknorm_rope_kv_insert(Tensor qkv, Tensor positions, Tensor cos_sin_cache, Tensor q_norm_weight, "
-    "Tensor k_norm_weight, Tensor? index_q_norm_weight, Tensor? index_k_norm_weight, float eps, *, "
-    f"{_EPILOGUE_KW}, {_EPILOGUE_TAIL}) -> ()")
-LIBRARY.define("mxfp8_gemm(Tensor? xq, Tensor? xsf, Tensor wq, Tensor wsf, *, bool use_pdl=True, int? grid=None, "
-               "Tensor? x_bf16=None) -> Tensor")
-LIBRARY.define("mxfp8_quantize(Tensor x, *, bool use_pdl=True) -> (Tensor, Tensor)")
-LIBRARY.define("backend(int device=-1) -> str")
+# The op schemas (python/csrc/m3qkv_torch_ops.cpp declares the same strings;
+# _native.py checks that the two agree). bf16 activations (x_bf16, appended in
+# 0.3): the optional last argument of fused_qkv and mxfp8_gemm; with it xq and
+# xsf are None (hence `Tensor?`: every call written for the earlier schema
+# still binds the same way).
+SCHEMAS = {
+    "fused_qkv": "fused_qkv(Tensor? xq, Tensor? xsf, Tensor wq, Tensor wsf, Tensor positions, Tensor cos_sin_cache, "
+                 "Tensor q_norm_weight, Tensor k_norm_weight, Tensor? index_q_norm_weight, "
+                 "Tensor? index_k_norm_weight, "
+                 f"float eps, *, {_EPILOGUE_KW}, int? cta_group=None, {_EPILOGUE_TAIL}, Tensor? x_bf16=None) -> ()",
+    "qknorm_rope_kv_insert": "qknorm_rope_kv_insert(Tensor qkv, Tensor positions, Tensor cos_sin_cache, "
+                             "Tensor q_norm_weight, Tensor k_norm_weight, Tensor? index_q_norm_weight, "
+                             "Tensor? index_k_norm_weight, float eps, *, "
+                             f"{_EPILOGUE_KW}, {_EPILOGUE_TAIL}) -> ()",
+    "mxfp8_gemm": "mxfp8_gemm(Tensor? xq, Tensor? xsf, Tensor wq, Tensor wsf, *, bool use_pdl=True, int? grid=None, "
+                  "Tensor? x_bf16=None) -> Tensor",
+    "mxfp8_quantize": "mxfp8_quantize(Tensor x, *, bool use_pdl=True) -> (Tensor, Tensor)",
+    "backend": "backend(int device=-1) -> str",
+}
+# The ops libm3qkv_torch_ops.so implements (backend stays in Python).
+CPP_OPS = ("fused_qkv", "qknorm_rope_kv_insert", "mxfp8_gemm", "mxfp8_quantize")
+
+# The C++ library, when used, is loaded here: it defines its ops as it loads.
+TORCH_OPS = _native.load(SCHEMAS, CPP_OPS)
+# A fragment: the C++ library's ops live in the same namespace.
+LIBRARY = torch.library.Library("m3qkv", "FRAGMENT")
+for _name, _schema in SCHEMAS.items():
+    if _name not in TORCH_OPS["ops"]:
+        LIBRARY.define(_schema)
 
 
 # ---------------------------------------------------------------- checks
@@ -713,10 +733,12 @@ for _name, _impl, _fake in [("fused_qkv", fused_qkv_fast, _fused_fake),
                             ("qknorm_rope_kv_insert", qknorm_rope_kv_insert_impl, _insert_fake),
                             ("mxfp8_gemm", mxfp8_gemm_impl, _gemm_fake),
                             ("mxfp8_quantize", mxfp8_quantize_impl, _quantize_fake)]:
-    # CUDA runs the library (fused_qkv through the fast path, as compiled
-    # graphs call it every step); CPU runs the full checks and then says that
-    # the tensors must be CUDA tensors (instead of torch's "no kernel for CPU").
-    LIBRARY.impl(_name, _impl, "CUDA")
-    LIBRARY.impl(_name, fused_qkv_impl if _name == "fused_qkv" else _impl, "CPU")
+    # The ctypes kernels, unless the C++ library has registered its own: CUDA
+    # runs the library (fused_qkv through the fast path, as compiled graphs
+    # call it every step); CPU runs the full checks and then says that the
+    # tensors must be CUDA tensors (instead of torch's "no kernel for CPU").
+    if _name not in TORCH_OPS["ops"]:
+        LIBRARY.impl(_name, _impl, "CUDA")
+        LIBRARY.impl(_name, fused_qkv_impl if _name == "fused_qkv" else _impl, "CPU")
     torch.library.register_fake(f"m3qkv::{_name}", _fake, lib=LIBRARY)
 LIBRARY.impl("backend", backend_impl, "CompositeExplicitAutograd")

@@ -272,6 +272,8 @@ def _tensors(args, kw):
 
 @pytest.mark.parametrize("op", OPS)
 def test_opcheck_on_cuda(op):
+    # The kernels of m3qkv.torch_ops(): the C++ ones when the package has
+    # libm3qkv_torch_ops.so, else the ctypes ones (M3QKV_TORCH_OPS=ctypes).
     args, kw = _opcheck_args(op)
     fp8 = any(t.dtype == E4M3 for t in _tensors(args, kw))
     overload = getattr(torch.ops.m3qkv, op).default

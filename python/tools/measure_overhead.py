@@ -12,7 +12,9 @@ launch queue never fills and blocks the host):
               filled once: the floor (validation + launch in C, plus ctypes);
   direct      m3qkv.fused_qkv(...): the module function (checks, struct fill,
               current stream, C call), no dispatcher;
-  torch.ops   torch.ops.m3qkv.fused_qkv(...): the same through the dispatcher;
+  torch.ops   torch.ops.m3qkv.fused_qkv(...): through the dispatcher, to the C++
+              kernel when m3qkv.torch_ops() says c++, else the ctypes one
+              (M3QKV_TORCH_OPS=ctypes times that one);
   graph       one replay of a CUDA graph holding one call (for comparison).
 The overhead of the Python layer is direct - c_call (goal <= 10 us) and
 torch.ops - c_call.
@@ -120,6 +122,8 @@ def gpu(ms, calls, batches):
     m3qkv.warmup()
     print(f"{torch.cuda.get_device_name(dev)}, backend {m3qkv.backend()}, torch {torch.__version__}, "
           f"{calls} calls x {batches} batches, median host time per call:")
+    ops = m3qkv.torch_ops()
+    print(f"torch.ops.m3qkv.*: {ops['impl']} kernels ({ops['library'] or ops['reason']})")
     print(f"{'M':>6} {'c_call':>9} {'direct':>9} {'torch.ops':>10} {'graph':>9} {'direct-c':>9} {'ops-c':>9}")
     for m in ms:
         a, kw = tensors(m, dev)
