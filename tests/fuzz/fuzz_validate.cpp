@@ -603,8 +603,18 @@ bool extents_match(const O::Buffers& bufs, const m3qkv::host::Extents& x, char* 
       return false;
     }
     bool ok = e->lo == static_cast<uint64_t>(p.base) && e->written == p.written;
-    if (p.ndims == 0 || p.ndims == 3) {  // contiguous, or a flat cache's hull
-      ok = ok && e->count == 1 && static_cast<i128>(e->span) == p.hi() - p.lo();
+    if (p.ndims == 0) {
+      ok = ok && e->count == 1 && static_cast<i128>(e->span) == p.width;
+    } else if (p.ndims == 3) {
+      // A flat KV cache page by page (each page the hull of its rows) when
+      // its pages do not interleave, else the hull of all its rows.
+      const i128 page = p.width + (p.dims[0].extent - 1) * p.dims[0].stride + (p.dims[1].extent - 1) * p.dims[1].stride;
+      const O::Dim& pg = p.dims[2];
+      if (pg.extent > 1 && pg.stride >= page)
+        ok = ok && static_cast<i128>(e->span) == page && static_cast<i128>(e->period) == pg.stride &&
+             static_cast<i128>(e->count) == pg.extent;
+      else
+        ok = ok && e->count == 1 && static_cast<i128>(e->span) == p.hi() - p.lo();
     } else {
       ok = ok && static_cast<i128>(e->span) == p.width && static_cast<i128>(e->period) == p.dims[0].stride &&
            static_cast<i128>(e->count) == p.dims[0].extent;
