@@ -97,6 +97,7 @@ m3qkv::host::Cuda make_poison_table() {
   M3QKV_TRAP(stream_synchronize);
   M3QKV_TRAP(stream_destroy);
   M3QKV_TRAP(exchange_capture_mode);
+  M3QKV_TRAP(occupancy_max_active_blocks);
   t.driver_resolved = true;
   M3QKV_TRAP(get_error_name);
   M3QKV_TRAP(ctx_get_current);
