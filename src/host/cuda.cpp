@@ -17,6 +17,9 @@ cudaError_t rt_memset_async(void* p, int v, size_t bytes, cudaStream_t s) { retu
 cudaError_t rt_memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
   return cudaMemcpyAsync(dst, src, bytes, kind, s);
 }
+cudaError_t rt_occupancy(int* blocks, const void* kernel, int threads, size_t smem) {
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, smem);
+}
 
 // The real table before the driver part is resolved, and after: built
 // completely, then published through g_table, so no reader sees it change.
@@ -24,7 +27,7 @@ const Cuda g_runtime_only = {
     &cudaGetLastError, &cudaGetDeviceCount, &cudaGetDevice, &cudaSetDevice, &cudaDeviceGetAttribute,
     &cudaDriverGetVersion, &cudaStreamGetId, &cudaStreamIsCapturing, &rt_malloc, &cudaFree, &rt_memset_async,
     &rt_memcpy_async, &cudaStreamCreateWithFlags, &cudaStreamSynchronize, &cudaStreamDestroy,
-    &cudaThreadExchangeStreamCaptureMode,
+    &cudaThreadExchangeStreamCaptureMode, &rt_occupancy,
     false, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
     nullptr,
 };

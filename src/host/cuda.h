@@ -1,6 +1,6 @@
 // Every CUDA runtime and driver call the host layer makes besides the kernel
-// launches and the per-backend setup (cudaFuncSetAttribute, occupancy), in one
-// table. The real table calls the runtime directly and the driver through
+// launches and the per-backend setup (cudaFuncSetAttribute, the cluster
+// occupancy query), in one table. The real table calls the runtime directly and the driver through
 // entry points resolved once per process with cudaGetDriverEntryPointByVersion
 // (docs/contract.md §7.4: no link-time dependency on libcuda), each with the ABI of the
 // version in its type name so that a newer driver cannot hand us a different
@@ -34,6 +34,8 @@ struct Cuda {
   cudaError_t (*stream_synchronize)(cudaStream_t);
   cudaError_t (*stream_destroy)(cudaStream_t);
   cudaError_t (*exchange_capture_mode)(cudaStreamCaptureMode*);
+  // cudaOccupancyMaxActiveBlocksPerMultiprocessor (host/launch.h co_resident_ctas)
+  cudaError_t (*occupancy_max_active_blocks)(int*, const void*, int, size_t);
   // ---- driver (NULL until resolved)
   bool driver_resolved;
   PFN_cuGetErrorName_v6000 get_error_name;

@@ -60,12 +60,20 @@ void epilogue(Builder& b, const A& a) {
     b.pieces("kv_cache", a.kv_cache, static_cast<u64>(kv_page_min_bytes(a.nkv, a.block_size)),
              static_cast<u64>(a.kv_page_stride), static_cast<u64>(a.num_blocks), kOut);
   } else {
-    // FP8 / BF16: the hull of the K (V) elements: one 128-element row plus
-    // (extent - 1)·stride per dimension (validation bounded it).
-    const int64_t hull = kHeadDim * flat_elem_bytes(a.kv_cache_dtype) + (a.nkv - 1) * a.kv_head_stride +
-                         (int64_t{a.block_size} - 1) * a.kv_token_stride + (a.num_blocks - 1) * a.kv_page_stride;
-    b.buffer("kv_cache", a.kv_cache, hull, kOut, kGroupFlatKv);
-    b.buffer("v_cache", a.v_cache, hull, kOut, kGroupFlatKv);
+    // FP8 / BF16: page by page, each page the hull of its K (V) elements
+    // (one 128-element row plus (extent - 1)·stride for head and token), when
+    // the pages do not interleave with each other (page stride >= that span:
+    // the page is the outermost dimension), so that another cache may live in
+    // the padding between pages as with NVFP4 pages; else the hull of all the
+    // elements, pages included. Validation bounded both.
+    const int64_t page = kHeadDim * flat_elem_bytes(a.kv_cache_dtype) + (a.nkv - 1) * a.kv_head_stride +
+                         (int64_t{a.block_size} - 1) * a.kv_token_stride;
+    const bool by_page = a.num_blocks > 1 && a.kv_page_stride >= page;
+    const u64 span = static_cast<u64>(by_page ? page : page + (a.num_blocks - 1) * a.kv_page_stride);
+    const u64 period = by_page ? static_cast<u64>(a.kv_page_stride) : span;
+    const u64 count = by_page ? static_cast<u64>(a.num_blocks) : 1;
+    b.pieces("kv_cache", a.kv_cache, span, period, count, kOut, kGroupFlatKv);
+    b.pieces("v_cache", a.v_cache, span, period, count, kOut, kGroupFlatKv);
   }
   b.buffer("q_out", a.q_out, m * a.nq * kHeadDim * 2, kOut);
   b.buffer("q_fp8_out", a.q_fp8_out, m * a.nq * kHeadDim, kOut);

@@ -13,8 +13,9 @@
 // proves two buffers disjoint with a rule of their own, with one `group`:
 // the K and V elements of an FP8 / BF16 KV cache (check_kv_pair_disjoint,
 // exact for every nesting of page, token and head) may interleave at any
-// grain inside one allocation, so their extents are the hulls of the elements
-// and the pair is left to that rule.
+// grain inside one allocation, so their extents are, page by page, the hulls
+// of each page's elements (the hull of all of them when pages interleave with
+// each other) and the pair is left to that rule.
 #pragma once
 
 #include <cstdint>

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <utility>
 
+#include "host/device.h"
 #include "host/status.h"
 
 namespace m3qkv::host {
@@ -92,6 +93,35 @@ int max_active_clusters(void (*kernel)(KArgs...), unsigned threads, size_t smem,
     return -1;
   }
   return n;
+}
+
+// How many CTAs of `kernel` (`threads` threads, `smem` dynamic shared bytes)
+// can be resident on dev's device at once: cudaOccupancyMaxActiveBlocksPerMultiprocessor
+// (through the CUDA table, host/cuda.h) times its SMs. The ceiling of a
+// cooperative launch, whose CTAs meet at a grid barrier: the driver refuses a
+// larger grid (cudaErrorCooperativeLaunchTooLarge). Counts the device's SMs
+// (dev.num_sms): a green context with fewer SMs can hold fewer. A failed
+// query is M3QKV_ERROR_CUDA_ERROR naming the kernel; a kernel of which not
+// one CTA fits an SM, M3QKV_ERROR_UNSUPPORTED_DEVICE. Call with dev from
+// enter_* (its context current).
+m3qkv_status co_resident_ctas(const char* fn, const char* kernel_name, const DeviceInfo& dev, const void* kernel,
+                              unsigned threads, size_t smem, unsigned* out);
+template <class... KArgs>
+m3qkv_status co_resident_ctas(const char* fn, const char* kernel_name, const DeviceInfo& dev, void (*kernel)(KArgs...),
+                              unsigned threads, size_t smem, unsigned* out) {
+  return co_resident_ctas(fn, kernel_name, dev, reinterpret_cast<const void*>(kernel), threads, smem, out);
+}
+
+// The grid of a cooperative launch of `kernel`: `want` CTAs (a plan's grid or
+// the caller's `grid` field, any value >= 0) clamped to [1, co_resident_ctas].
+// A persistent kernel that strides its work by gridDim.x and meets at a grid
+// barrier of gridDim.x arrivals runs correctly on any such grid.
+m3qkv_status cooperative_grid(const char* fn, const char* kernel_name, const DeviceInfo& dev, const void* kernel,
+                              unsigned threads, size_t smem, long long want, unsigned* grid);
+template <class... KArgs>
+m3qkv_status cooperative_grid(const char* fn, const char* kernel_name, const DeviceInfo& dev, void (*kernel)(KArgs...),
+                              unsigned threads, size_t smem, long long want, unsigned* grid) {
+  return cooperative_grid(fn, kernel_name, dev, reinterpret_cast<const void*>(kernel), threads, smem, want, grid);
 }
 
 }  // namespace m3qkv::host

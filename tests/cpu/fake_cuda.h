@@ -96,6 +96,11 @@ struct FakeCuda {
     std::lock_guard<std::mutex> lock(mu);
     return host_ptr_locked(p, bytes);
   }
+  // The occupancy model (f_occupancy_max_active_blocks).
+  size_t occupancy_smem_per_sm = 228 << 10;
+  int occupancy_blocks = -1;
+  cudaError_t occupancy_err = cudaSuccess;
+  std::atomic<int> occupancy_calls{0};
   std::set<cudaStream_t> capturing;  // streams cudaStreamIsCapturing reports as capturing
   std::vector<cudaStreamCaptureMode> capture_modes;  // modes passed to exchange_capture_mode
   int streams_created = 0;
@@ -390,6 +395,27 @@ CUresult f_primary_ctx_get_state(CUdevice d, unsigned* flags, int* active) {
   return CUDA_SUCCESS;
 }
 
+// cudaOccupancyMaxActiveBlocksPerMultiprocessor, one model for every device
+// and kernel: CTAs of `threads` threads and `smem` bytes, resident per SM up
+// to 2048 threads, occupancy_smem_per_sm bytes and 32 CTAs (occupancy_blocks
+// >= 0 overrides the model, occupancy_err fails the query).
+cudaError_t f_occupancy_max_active_blocks(int* blocks, const void* kernel, int threads, size_t smem) {
+  auto& f = fake_cuda();
+  f.calls++;
+  f.occupancy_calls++;
+  if (kernel == nullptr || threads <= 0 || threads > 1024) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (f.occupancy_err != cudaSuccess) return f.occupancy_err;
+  if (f.occupancy_blocks >= 0) {
+    *blocks = f.occupancy_blocks;
+    return cudaSuccess;
+  }
+  size_t n = std::min<size_t>(32, 2048 / static_cast<size_t>(threads));
+  if (smem > 0) n = std::min(n, f.occupancy_smem_per_sm / smem);
+  *blocks = static_cast<int>(n);
+  return cudaSuccess;
+}
+
 m3qkv::host::Cuda make_fake_table() {
   m3qkv::host::Cuda t{};
   t.get_last_error = &f_get_last_error;
@@ -408,6 +434,7 @@ m3qkv::host::Cuda make_fake_table() {
   t.stream_synchronize = &f_stream_synchronize;
   t.stream_destroy = &f_stream_destroy;
   t.exchange_capture_mode = &f_exchange_capture_mode;
+  t.occupancy_max_active_blocks = &f_occupancy_max_active_blocks;
   t.driver_resolved = true;
   t.get_error_name = &f_get_error_name;
   t.ctx_get_current = &f_ctx_get_current;
@@ -455,6 +482,9 @@ void reset_fake_cuda() {
     f.capturing.clear();
     f.allocations.clear();
     f.capture_modes.clear();
+    f.occupancy_smem_per_sm = 228 << 10;
+    f.occupancy_blocks = -1;
+    f.occupancy_err = cudaSuccess;
     f.streams_created = 0;
     f.streams_destroyed = 0;
   }
