@@ -342,9 +342,12 @@ cudaError_t prepare_bf16dq() {
 }
 
 m3qkv_status launch_bf16dq_pre_a(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_w, const KernelParams& p,
-                                 int grid, bool pdl, cudaStream_t stream) {
+                                 int grid, bool pdl, const DeviceInfo& dev, cudaStream_t stream) {
   host::LaunchShape s;
-  s.grid = static_cast<unsigned>(grid);
+  // The grid barrier needs every CTA resident: any grid is clamped to that.
+  M3QKV_TRY(host::cooperative_grid("m3qkv_fused_qkv", "fused_bf16dq_kernel<pre_a>", dev,
+                                   reinterpret_cast<const void*>(kPreAKernel), PreACfg::kThreads, PreACfg::kSmemBytes,
+                                   grid, &s.grid));
   s.threads = PreACfg::kThreads;
   s.smem = PreACfg::kSmemBytes;
   s.pdl = pdl;

@@ -234,8 +234,8 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   }
   const bool pdl = a.use_pdl != 0;
   const int conv_grid = sm90::one_launch_grid(plan, dev.num_sms, a.grid);
-  const m3qkv_status st = prefill ? sm90::launch_prefill(tmap_x, tmap_w, p, conv_grid, pdl, s)
-                          : pre_a ? sm90::launch_bf16dq_pre_a(tmap_x, tmap_w, p, conv_grid, pdl, s)
+  const m3qkv_status st = prefill ? sm90::launch_prefill(tmap_x, tmap_w, p, conv_grid, pdl, dev, s)
+                          : pre_a ? sm90::launch_bf16dq_pre_a(tmap_x, tmap_w, p, conv_grid, pdl, dev, s)
                                   : sm90::launch_bf16dq(plan.cons, tmap_x, tmap_w, p, plan.grid, pdl, s);
   host::timing_mark(host::Phase::kLaunch);
   return st;

@@ -122,9 +122,12 @@ cudaError_t prepare_prefill() {
 }
 
 m3qkv_status launch_prefill(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_wbf, const KernelParams& p, int grid,
-                            bool pdl, cudaStream_t stream) {
+                            bool pdl, const DeviceInfo& dev, cudaStream_t stream) {
   host::LaunchShape s;
-  s.grid = static_cast<unsigned>(grid);
+  // The grid barrier needs every CTA resident: any grid is clamped to that (docs/contract.md §5).
+  M3QKV_TRY(host::cooperative_grid("m3qkv_fused_qkv", "fused_prefill_kernel", dev,
+                                   reinterpret_cast<const void*>(fused_prefill_kernel), pf::kThreads, pf::kSmemBytes,
+                                   grid, &s.grid));
   s.threads = pf::kThreads;
   s.smem = pf::kSmemBytes;
   s.pdl = pdl;

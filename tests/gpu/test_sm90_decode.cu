@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <climits>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -258,6 +259,30 @@ TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
     HostOutputs want = poisoned_host_outputs(p, 1);
     golden_epilogue(p, acc.data(), &want);
     expect_same_outputs(p, want, got, "API TP4 M " + std::to_string(m));
+  }
+}
+
+// Issue 30's grid rule: any `grid` is clamped to what every path can run —
+// the cooperative (pre-A / prefill) launches to the co-resident CTAs — so
+// every value gives status 0 and the golden bytes, at the M of each SM90 path.
+TEST(Sm90DecodeShapes, AnyGridRunsOnEveryPath_TP4) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  for (int64_t m : {1, 64, 1024, 4096}) {
+    const Problem p = make_problem(config(kTP4, m, m >= 1024 ? 256 : 512, /*exact=*/true, 128));
+    const std::vector<float> acc = golden_acc(p);
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    HostOutputs want = poisoned_host_outputs(p, 1);
+    golden_epilogue(p, acc.data(), &want);
+    for (int32_t grid : {1, 7, 132, 133, 1000000, INT32_MAX}) {
+      FusedRun run;
+      run.backend = M3QKV_BACKEND_NONE;
+      run.grid = grid;
+      Fetched got;
+      ASSERT_NO_FATAL_FAILURE(run_fused(p, in, run, 1, &got)) << "M " << m << " grid " << grid;
+      expect_same_outputs(p, want, got, "API TP4 M " + std::to_string(m) + " grid " + std::to_string(grid));
+    }
   }
 }
 
