@@ -5,36 +5,38 @@
 // workspace in L2 (src/common/splitk_reduce.cuh). docs/sm90.md has the design.
 //
 //   warps 0-7  consumers: two warpgroups, rows 0-63 / 64-127 of the head. Per
-//              64-K step each thread dequantizes its 2 weight rows × 16 B
-//              straight into wgmma A-fragment registers (e4m3 · 2^e is exact
-//              in bf16), then 4 × wgmma m64nNTk16 (A from registers, B = the
-//              bf16 activation tile). At the end of a unit: partial ->
-//              workspace, arrival count, and in the last arriving unit the
-//              fixed-order sum and the epilogue.
+//              64-K step each thread loads its 2 weight rows' byte pairs from
+//              the 128B-swizzled weight tile and dequantizes them straight
+//              into one of two A-fragment sets (e4m3 · 2^e is exact in bf16),
+//              then 4 × wgmma m64nNTk16 (A from registers, B = the bf16
+//              activation tile). At the end of a unit: partial -> workspace,
+//              arrival count, and in the last arriving unit the fixed-order sum
+//              and the epilogue.
 //   warp 8     TMA producer (one elected lane): per 128-K stage the head's
 //              weight tile, the token block's activations (e4m3 + scale chunk,
-//              or bf16) and the weight scale chunk, through a ring of kStages.
-//   warps 9-11 transform: a stage's raw activations -> the bf16 B tile of a
-//              B slot, in the K order of the A fragments (below); e4m3 is
-//              dequantized on the way, bf16 only moved.
+//              or two bf16 boxes) and the weight scale chunk, through a ring of
+//              kStages.
+//   warps 9-11 transform (e4m3 activations): a stage's raw activations x
+//              2^(scale - 127) -> the bf16 B tile of a B slot. bf16 activations
+//              are TMA-written in the B operand's layout and need none.
 //
-// K permutation. The A fragment of wgmma m64nNk16 gives lane q = l % 4 the
-// logical columns {2q, 2q+1, 2q+8, 2q+9} of each k16 step (ptx/wgmma.cuh). A
-// thread loads the 16 physical bytes [16q, 16q+16) of its row and a 64-K step
-// and feeds byte 16q + 4s + 2h + b to logical column 16s + 8h + 2q + b of k16
-// step s (h, b in {0, 1}). The transform writes the bf16 B tile in the same
-// logical order, so the sum over K is unchanged — only its order, which
-// docs/contract.md §3 leaves to the hardware.
+// K order. The A fragment of wgmma m64nNk16 gives lane q = l % 4 the K columns
+// {2q, 2q+1, 2q+8, 2q+9} of each k16 slice (a_fragment_byte, decode_config.h,
+// CPU-checked against the PTX layout): the consumers load exactly those byte
+// pairs, so the B tile is plain K-major bf16 and the sum over K is the
+// hardware's, as docs/contract.md §3 leaves it.
 //
 // Ordering. Raw stage i: full[i] (TMA bytes) -> consumers (W) and transform
-// (X) read it -> empty[i] (352 arrivals) -> the producer refills it. B slot j
-// (stage g uses slot g % kBSlots): the transform waits bempty[j] (the wgmma
-// group of stage g - kBSlots retired in both warpgroups), writes the tile,
-// fence.proxy.async, arrives bfull[j]; the consumers wait bfull[j], issue the
-// stage's 8 wgmmas, and release slot j after the next stage's wait_group 1
-// (or the unit's wait_group 0). The reduction tile T aliases the B ring: the
-// transform starts a unit's stages only after tfree, which the consumers
-// arrive at once the previous unit's finish_unit is done with T.
+// (X) read it -> empty[i] (every reader arrives; with bf16 activations the
+// consumers arrive once the wgmma group that read X retired) -> the producer
+// refills it. B slot j (e4m3; stage g uses slot g % kBSlots): the transform
+// waits bempty[j] (the wgmma group of stage g - kBSlots retired in both
+// warpgroups), writes the tile, fence.proxy.async, arrives bfull[j]; the
+// consumers wait bfull[j], issue the stage's wgmmas, and release slot j after
+// the next stage's first wait_group 1 (or the unit's wait_group 0). The
+// reduction tile T aliases the B ring: the transform starts a unit's stages
+// only after tfree, which every consumer arrives at once the previous unit's
+// finish_unit is done with T.
 #include <cuda.h>
 #include <cuda_runtime.h>
 
