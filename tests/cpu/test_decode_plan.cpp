@@ -1,6 +1,6 @@
 // CPU checks of the split-K decode plan (src/common/splitk_plan.h) for its two
 // targets, the SM90 decode kernel (src/sm90/decode_plan.h) and the SM100
-// decode variant (src/sm100/plan.h), of the SM90 K permutation
+// decode variant (src/sm100/plan.h), of the SM90 swap-AB kernel's A-fragment K order and 128-B swizzle
 // (src/sm90/decode_config.h) and of the SM100 token block's scale-factor
 // column (src/sm100/decode_config.h), with expectations
 // computed here independently: the round-robin deal of units is enumerated,
