@@ -451,6 +451,17 @@ M3QKV_API const char* m3qkv_backend_name(m3qkv_backend_kind kind);
 M3QKV_API m3qkv_status m3qkv_selftest(int device, m3qkv_selftest_report* report);
 
 /*
+ * Frees the device memory the library holds for `stream` (the split-K and
+ * conversion workspace of its calls), for callers that create and destroy
+ * streams: call it after the stream's last m3qkv call has completed (e.g.
+ * after cudaStreamSynchronize) and before cudaStreamDestroy. The next call on
+ * the stream allocates again. Workspaces of graphs captured on the stream are
+ * kept (the graphs still use them). Refused with M3QKV_ERROR_INVALID_ARGUMENT,
+ * touching nothing, while the stream is capturing. Appended in 0.3.
+ */
+M3QKV_API m3qkv_status m3qkv_release_stream(cudaStream_t stream);
+
+/*
  * Chooses the backend of m3qkv_fused_qkv on `device` for the rest of the
  * process (calls that start after it returns): M3QKV_BACKEND_PORTABLE, _SM90,
  * _SM100, or M3QKV_BACKEND_NONE to go back to M3QKV_BACKEND / the automatic

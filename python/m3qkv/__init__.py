@@ -27,6 +27,8 @@ active. docs/contract.md in the repository describes shapes, layouts, numerics.
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from . import _capi, _ops
@@ -37,6 +39,7 @@ from ._capi import (CACHE_BF16, CACHE_FP8, CACHE_NVFP4, FLAG_INDEX_SLOT_OUT_OF_R
 
 __version__ = "0.1.0"
 __all__ = ["fused_qkv", "qknorm_rope_kv_insert", "mxfp8_gemm", "mxfp8_quantize", "backend", "warmup", "selftest",
+           "release_stream",
            "library", "torch_ops", "M3qkvError", "M3qkvValueError", "M3qkvRuntimeError", "M3qkvFallbackWarning",
            "M3qkvTorchOpsFallbackWarning",
            "FLAG_SLOT_OUT_OF_RANGE",
@@ -136,6 +139,20 @@ def warmup(device: int = -1) -> None:
         warnings.warn(M3qkvFallbackWarning((lib.last_error() or b"").decode("utf-8", "replace")), stacklevel=2)
         return
     lib.check(status)
+
+
+def release_stream(stream=None) -> None:
+    """m3qkv_release_stream: frees the device memory the library holds for
+    `stream` (a torch.cuda.Stream; default the current stream), for servers
+    that create and destroy streams: call it once the stream's m3qkv work has
+    completed and before the stream goes away. Workspaces of graphs captured
+    on it are kept; refused (M3qkvValueError) while the stream captures."""
+    lib = library()
+    if lib.release_stream is None:
+        raise NotImplementedError(f"m3qkv.release_stream: the loaded library ({lib.path}) predates "
+                                  "m3qkv_release_stream (0.3)")
+    s = stream if stream is not None else torch.cuda.current_stream()
+    lib.check(lib.release_stream(ctypes.c_void_p(s.cuda_stream)))
 
 
 def selftest(device: int = 0) -> dict:

@@ -249,6 +249,10 @@ class Library:
         if self.selftest is not None:
             self.selftest.argtypes = [c_int, ctypes.POINTER(SelftestReport)]
             self.selftest.restype = c_int
+        self.release_stream = getattr(dll, "m3qkv_release_stream", None)
+        if self.release_stream is not None:
+            self.release_stream.argtypes = [c_void_p]
+            self.release_stream.restype = c_int
         self.set_backend = getattr(dll, "m3qkv_set_backend", None)
         if self.set_backend is not None:
             self.set_backend.argtypes = [c_int, c_int]

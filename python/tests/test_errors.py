@@ -246,3 +246,21 @@ def test_no_gpu_warmup_is_the_library_error():
         assert e.value.status == _capi.ERROR_UNSUPPORTED_DEVICE
     with pytest.raises(m3qkv.M3qkvRuntimeError, match="M3QKV_ERROR_UNSUPPORTED_DEVICE: .*m3qkv_backend: "):
         m3qkv.backend()
+
+
+def test_release_stream_is_exported_and_bound():
+    """m3qkv.release_stream exists, and the library the package loaded has
+    m3qkv_release_stream (CPU: its call needs a CUDA stream, tested on a GPU)."""
+    import m3qkv
+    assert "release_stream" in m3qkv.__all__ and callable(m3qkv.release_stream)
+    assert m3qkv.library().release_stream is not None
+
+
+@pytest.mark.gpu
+def test_release_stream_frees_and_the_next_call_allocates_again():
+    import m3qkv
+    s = torch.cuda.Stream()
+    with torch.cuda.stream(s):
+        m3qkv.release_stream()  # nothing held yet: no error
+    s.synchronize()
+    m3qkv.release_stream(s)

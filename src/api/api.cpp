@@ -32,6 +32,7 @@
 #include "host/status.h"
 #include "host/timing.h"
 #include "host/validate.h"
+#include "host/workspace.h"
 #include "portable/portable.h"
 #include "sm100/sm100.h"
 #include "sm90/sm90.h"
@@ -540,6 +541,16 @@ m3qkv_status m3qkv_set_backend(int device, m3qkv_backend_kind kind) {
 // the call; the caller's current context and device are left as they were,
 // and no other device is touched), then the self-test when
 // M3QKV_SELFTEST_ON_WARMUP=1 (warmup_selftest above).
+m3qkv_status m3qkv_release_stream(cudaStream_t stream) {
+  const char* fn = "m3qkv_release_stream";
+  return guarded(fn, [&]() -> m3qkv_status {
+    host::ContextScope scope;
+    DeviceInfo d;
+    M3QKV_TRY(host::enter_stream(fn, stream, &scope, &d));
+    return host::release_stream_workspace(fn, d, stream, /*refuse_capture=*/true);
+  });
+}
+
 m3qkv_status m3qkv_warmup(int device) {
   const char* fn = "m3qkv_warmup";
   return guarded(fn, [&]() -> m3qkv_status {

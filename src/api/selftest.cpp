@@ -164,7 +164,7 @@ struct DeviceSide {
     m3qkv_status st = M3QKV_SUCCESS;
     if (stream != nullptr) {
       // The decode kernel's split-K workspace of this stream (host/workspace.h).
-      st = host::release_stream_workspace(dev, stream);
+      st = host::release_stream_workspace("m3qkv_selftest", dev, stream);
       note(c.stream_destroy(stream), "cudaStreamDestroy (self-test stream)");
       stream = nullptr;
     }

@@ -94,12 +94,18 @@ m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
   return M3QKV_SUCCESS;
 }
 
-m3qkv_status release_stream_workspace(const DeviceInfo& dev, cudaStream_t stream) {
-  if (dev.context == nullptr) return fail(M3QKV_ERROR_INTERNAL, "%s: DeviceInfo without a context", kFn);
+m3qkv_status release_stream_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream,
+                                      bool refuse_capture) {
+  if (dev.context == nullptr) return fail(M3QKV_ERROR_INTERNAL, "%s: DeviceInfo without a context", fn);
   ContextState& st = *dev.context;
   const Cuda& c = cuda_unresolved();
   unsigned long long key = 0;
   M3QKV_TRY(stream_key(c, stream, &key));
+  if (refuse_capture && is_capture_key(key))
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "%s: stream %p is capturing a graph: its workspace cannot be freed during the capture (release it "
+                "after cudaStreamEndCapture)",
+                fn, static_cast<void*>(stream));
   std::lock_guard<std::mutex> lock(st.workspace_mu);
   // This thread's cache may name the buffer; other threads' caches cannot
   // (the caller owns the stream and made every call on it from this thread).

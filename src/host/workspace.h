@@ -83,7 +83,13 @@ m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_
 // behind (m3qkv_selftest: its own stream). Only for a stream whose work is
 // finished and on which no other thread calls m3qkv; a later call on it gets
 // a fresh (zeroed) workspace. Call with dev from enter_*.
-m3qkv_status release_stream_workspace(const DeviceInfo& dev, cudaStream_t stream);
+// Frees the workspace of `stream` under its current key (while it captures,
+// its capture workspace) and the ones that key outgrew. With refuse_capture
+// (the public m3qkv_release_stream) a capturing stream is refused instead, so
+// no free can invalidate a capture and the graphs keep their workspace.
+// `fn` names the entry point.
+m3qkv_status release_stream_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream,
+                                      bool refuse_capture = false);
 
 // Frees every workspace of each device's live primary context (runs once at
 // process exit; public for the CPU test).

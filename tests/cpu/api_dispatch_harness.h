@@ -148,6 +148,7 @@ namespace {
 #define m3qkv_warmup DISPATCH_CAT(DISPATCH_PREFIX, warmup)
 #define m3qkv_selftest DISPATCH_CAT(DISPATCH_PREFIX, selftest)
 #define m3qkv_set_backend DISPATCH_CAT(DISPATCH_PREFIX, set_backend)
+#define m3qkv_release_stream DISPATCH_CAT(DISPATCH_PREFIX, release_stream)
 
 #include "api/api.cpp"
 
@@ -171,6 +172,7 @@ namespace {
 #undef m3qkv_warmup
 #undef m3qkv_selftest
 #undef m3qkv_set_backend
+#undef m3qkv_release_stream
 
 // Handles on this configuration's copy of the entry points.
 namespace {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -342,7 +343,7 @@ TEST_F(HostContext, ReleaseStreamWorkspaceFreesThatStreamsBuffersOnly) {
   void* theirs_big = workspace(d, other, size_t{1} << 20);  // theirs is retired
   void* small = workspace(d, mine, 4096);
   void* big = workspace(d, mine, size_t{1} << 20);  // small is retired; this thread's cache names big
-  ASSERT_EQ(host::release_stream_workspace(d, mine), M3QKV_SUCCESS) << m3qkv_last_error();
+  ASSERT_EQ(host::release_stream_workspace("test", d, mine), M3QKV_SUCCESS) << m3qkv_last_error();
   EXPECT_EQ(std::set<void*>(fake_cuda().frees.begin(), fake_cuda().frees.end()), (std::set<void*>{small, big}));
   ASSERT_EQ(d.context->retired.size(), 1u);
   EXPECT_EQ(d.context->retired[0].ptr, theirs);
@@ -354,8 +355,37 @@ TEST_F(HostContext, ReleaseStreamWorkspaceFreesThatStreamsBuffersOnly) {
   EXPECT_EQ(fake_cuda().memsets.back().first, fresh) << "the fresh workspace was not zeroed";
   // Nothing to release: no CUDA call fails, nothing freed.
   const size_t frees = fake_cuda().frees.size();
-  EXPECT_EQ(host::release_stream_workspace(d, fake_cuda().new_stream(current_ctx())), M3QKV_SUCCESS);
+  EXPECT_EQ(host::release_stream_workspace("test", d, fake_cuda().new_stream(current_ctx())), M3QKV_SUCCESS);
   EXPECT_EQ(fake_cuda().frees.size(), frees);
+}
+
+// m3qkv_release_stream's form (refuse_capture): while the stream captures it is refused by name and frees nothing
+// (a cudaFree during capture would invalidate it); after the capture the
+// stream's direct workspace is released and its capture workspace, which the
+// captured graph uses, stays.
+TEST_F(HostContext, ReleaseStreamWorkspaceRefusedDuringCaptureKeepsCaptureWorkspaces) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s = fake_cuda().new_stream(current_ctx());
+  void* direct = workspace(d, s, 256);
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().capturing.insert(s);
+  }
+  void* captured = workspace(d, s, 256);
+  const size_t frees = fake_cuda().frees.size();
+  EXPECT_EQ(host::release_stream_workspace("m3qkv_release_stream", d, s, true), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(m3qkv_last_error()).find("m3qkv_release_stream: stream"), std::string::npos)
+      << m3qkv_last_error();
+  EXPECT_NE(std::string(m3qkv_last_error()).find("capturing"), std::string::npos) << m3qkv_last_error();
+  EXPECT_EQ(fake_cuda().frees.size(), frees) << "a refused release freed memory";
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().capturing.clear();
+  }
+  ASSERT_EQ(host::release_stream_workspace("m3qkv_release_stream", d, s, true), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(std::set<void*>(fake_cuda().frees.begin() + static_cast<std::ptrdiff_t>(frees), fake_cuda().frees.end()),
+            (std::set<void*>{direct}));
+  EXPECT_NE(captured, direct);
 }
 
 TEST_F(HostContext, WorkspacesOfLivePrimaryContextsAreFreedAtExit) {

@@ -524,7 +524,7 @@ void worker(int index, double seconds, std::atomic<int>* done_calls, std::atomic
         m3qkv::host::ContextScope scope;
         m3qkv::DeviceInfo d;
         if (m3qkv::host::enter_stream("release", s, &scope, &d) != M3QKV_SUCCESS ||
-            m3qkv::host::release_stream_workspace(d, s) != M3QKV_SUCCESS)
+            m3qkv::host::release_stream_workspace("api_stress", d, s) != M3QKV_SUCCESS)
           failure("release", m3qkv_last_error());
       }
     }
