@@ -13,13 +13,12 @@ namespace m3qkv::sm90 {
 // Largest M the plan covers (the kernel's 32-bit token index); token blocks
 // of 128 above M = 64, each converting its weight tiles once.
 constexpr int64_t kDecodeMaxM = (int64_t{1} << 31) - 256;
-// Routing of sm90_fused (docs/sm90.md "Routing"), measured on the H200
-// (fused_sm90_fp8 against sm90_tile / sm90_prefill, bench/README.md): bf16
+// Routing of sm90_fused (docs/sm90.md "Routing"), read off the bench entries
+// fused_sm90_fp8 against sm90_tile / sm90_prefill (bench/README.md): bf16
 // activations always take the swap-AB kernel (the only SM90 kernel that reads
 // them); MXFP8 activations take it up to kSwapAbMaxMxfp8M tokens, where it
-// matches or beats the tile kernels (TP4 M = 1: 12.96 us both), and the tile /
-// prefill kernels above (TP4 M = 64: 21.1 against 26.2 us, M = 512: 62.8
-// against 107: the transform warps' per-head activation conversion).
+// matches the tile kernels, and the tile / prefill kernels above, where the
+// transform warps' per-head activation conversion makes it slower.
 constexpr int64_t kSwapAbMaxMxfp8M = 32;
 constexpr bool decode_preferred(int64_t m, int heads, bool x_bf16) {
   if (m < 1 || m > kDecodeMaxM || heads < 1) return false;
@@ -29,7 +28,7 @@ constexpr bool decode_preferred(int64_t m, int heads, bool x_bf16) {
 constexpr int kDecodeMaxSplit = 64;
 // Token blocks = the wgmma N the kernel is instantiated for; no busy-SM rule
 // (the cost model alone picks the split, as measured on the H200).
-// Partials bounded at 32 MiB (TP4 M = 1024: split 3 of 8 token blocks).
+// Partials bounded at 32 MiB (at TP4 M = 1024 that allows split 3 of 8 token blocks).
 constexpr int64_t kDecodeMaxPartialBytes = int64_t{32} << 20;
 constexpr splitk::Target kDecodeTarget{{16, 32, 64, 128}, 4, kDecodeMaxM, kDecodeMaxSplit, 0, kDecodeMaxPartialBytes};
 
