@@ -42,7 +42,7 @@ m3qkv_status cooperative_grid(const char* fn, const char* kernel_name, const Dev
                               unsigned threads, size_t smem, long long want, unsigned* grid) {
   unsigned cap = 0;
   M3QKV_TRY(co_resident_ctas(fn, kernel_name, dev, kernel, threads, smem, &cap));
-  *grid = want < 1 ? 1u : static_cast<unsigned long long>(want) > cap ? cap : static_cast<unsigned>(want);
+  *grid = clamp_grid(want, cap);
   return M3QKV_SUCCESS;
 }
 

@@ -8,6 +8,7 @@
 // implicitly; host compilers need it spelled out).
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstddef>
 #include <utility>
 
@@ -116,6 +117,12 @@ m3qkv_status co_resident_ctas(const char* fn, const char* kernel_name, const Dev
 // the caller's `grid` field, any value >= 0) clamped to [1, co_resident_ctas].
 // A persistent kernel that strides its work by gridDim.x and meets at a grid
 // barrier of gridDim.x arrivals runs correctly on any such grid.
+// A cooperative grid: `want` clamped to [1, cap]; cap 0 = unknown (want, at least 1).
+inline unsigned clamp_grid(long long want, unsigned cap) {
+  if (want < 1) return 1u;
+  if (cap > 0 && static_cast<unsigned long long>(want) > cap) return cap;
+  return want > static_cast<long long>(UINT_MAX) ? UINT_MAX : static_cast<unsigned>(want);
+}
 m3qkv_status cooperative_grid(const char* fn, const char* kernel_name, const DeviceInfo& dev, const void* kernel,
                               unsigned threads, size_t smem, long long want, unsigned* grid);
 template <class... KArgs>

@@ -341,13 +341,16 @@ cudaError_t prepare_bf16dq() {
   return e;
 }
 
+m3qkv_status co_resident_pre_a(const DeviceInfo& dev, unsigned* ctas) {
+  return host::co_resident_ctas("m3qkv_fused_qkv", "fused_bf16dq_kernel<pre_a>", dev,
+                                reinterpret_cast<const void*>(kPreAKernel), PreACfg::kThreads, PreACfg::kSmemBytes, ctas);
+}
+
 m3qkv_status launch_bf16dq_pre_a(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_w, const KernelParams& p,
-                                 int grid, bool pdl, const DeviceInfo& dev, cudaStream_t stream) {
+                                 int grid, bool pdl, unsigned max_ctas, cudaStream_t stream) {
   host::LaunchShape s;
   // The grid barrier needs every CTA resident: any grid is clamped to that.
-  M3QKV_TRY(host::cooperative_grid("m3qkv_fused_qkv", "fused_bf16dq_kernel<pre_a>", dev,
-                                   reinterpret_cast<const void*>(kPreAKernel), PreACfg::kThreads, PreACfg::kSmemBytes,
-                                   grid, &s.grid));
+  s.grid = host::clamp_grid(grid, max_ctas);
   s.threads = PreACfg::kThreads;
   s.smem = PreACfg::kSmemBytes;
   s.pdl = pdl;

@@ -349,15 +349,19 @@ cudaError_t prepare_bf16dq();  // cudaFuncSetAttribute (max dynamic smem) of eve
 // barrier p.conv_sync (convert_sm90.cuh), then the GEMM reads x̂ through
 // `tmap_xbf` (x̂ as bytes: inner 2K, box 128 x 128 rows, 128-B swizzle).
 // `pdl` as `use_pdl` of the call.
+// max_ctas: the co-resident CTAs (co_resident_pre_a, once per context; 0 =
+// unknown): the grid is clamped to it, as the grid barrier needs every CTA resident.
 m3qkv_status launch_bf16dq_pre_a(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_w, const KernelParams& p,
-                                 int grid, bool pdl, const DeviceInfo& dev, cudaStream_t stream);
+                                 int grid, bool pdl, unsigned max_ctas, cudaStream_t stream);
+m3qkv_status co_resident_pre_a(const DeviceInfo& dev, unsigned* ctas);
 // The prefill kernel (prefill_sm90.cu), one cooperative launch: the grid
 // converts p.conv_x (rows M) and p.conv_w (rows N) into their bf16 copies,
 // meets at the grid barrier, then the TMA-fed bf16 GEMM with the epilogue
 // warpgroup reads them through tmap_xbf / tmap_wbf (bytes: inner 2K, boxes
 // 128 B x 128 rows, 128-B swizzle). `pdl` as `use_pdl` of the call.
 m3qkv_status launch_prefill(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_wbf, const KernelParams& p, int grid,
-                            bool pdl, const DeviceInfo& dev, cudaStream_t stream);
+                            bool pdl, unsigned max_ctas, cudaStream_t stream);
+m3qkv_status co_resident_prefill(const DeviceInfo& dev, unsigned* ctas);
 cudaError_t prepare_prefill();
 // cudaOccupancyMaxActiveClusters of variant A's split-K instance with clusters of `split` CTAs (-1 on error).
 int max_clusters_bf16dq(int split);

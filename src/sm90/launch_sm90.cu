@@ -44,6 +44,8 @@ int g_trace_ctas = 0;
 // may fill the same unknown entry (with equal values).
 struct Sm90Setup {
   mutable std::atomic<int> max_clusters[kSm90MaxSplit + 1];
+  // Co-resident CTAs of the cooperative pre-A and prefill instances: their grid's cap.
+  unsigned coop_pre_a = 0, coop_prefill = 0;
 };
 
 int query_max_clusters(int split) {
@@ -52,11 +54,14 @@ int query_max_clusters(int split) {
 }
 
 m3qkv_status prepare_device(const DeviceInfo& dev, const Sm90Setup** out) {
-  return host::once(kFn, dev, host::OnceSlot::kSm90, [](Sm90Setup* s) -> m3qkv_status {
+  return host::once(kFn, dev, host::OnceSlot::kSm90, [&dev](Sm90Setup* s) -> m3qkv_status {
     cudaError_t e = sm90::prepare_bf16dq();
     if (e == cudaSuccess) e = sm90::prepare_prefill();
     if (e == cudaSuccess) e = sm90::decode::prepare_decode();
     if (e != cudaSuccess) return cuda_fail(kFn, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the SM90 kernels", e);
+    // A failed query leaves 0 (no cap: the launch itself then says whether the grid fits).
+    if (sm90::co_resident_pre_a(dev, &s->coop_pre_a) != M3QKV_SUCCESS) s->coop_pre_a = 0;
+    if (sm90::co_resident_prefill(dev, &s->coop_prefill) != M3QKV_SUCCESS) s->coop_prefill = 0;
     for (int sp = 0; sp <= kSm90MaxSplit; ++sp)
       s->max_clusters[sp].store(sp >= 2 ? query_max_clusters(sp) : 0, std::memory_order_relaxed);
     return M3QKV_SUCCESS;
@@ -234,8 +239,8 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   }
   const bool pdl = a.use_pdl != 0;
   const int conv_grid = sm90::one_launch_grid(plan, dev.num_sms, a.grid);
-  const m3qkv_status st = prefill ? sm90::launch_prefill(tmap_x, tmap_w, p, conv_grid, pdl, dev, s)
-                          : pre_a ? sm90::launch_bf16dq_pre_a(tmap_x, tmap_w, p, conv_grid, pdl, dev, s)
+  const m3qkv_status st = prefill ? sm90::launch_prefill(tmap_x, tmap_w, p, conv_grid, pdl, setup->coop_prefill, s)
+                          : pre_a ? sm90::launch_bf16dq_pre_a(tmap_x, tmap_w, p, conv_grid, pdl, setup->coop_pre_a, s)
                                   : sm90::launch_bf16dq(plan.cons, tmap_x, tmap_w, p, plan.grid, pdl, s);
   host::timing_mark(host::Phase::kLaunch);
   return st;

@@ -121,13 +121,16 @@ cudaError_t prepare_prefill() {
   return cudaFuncSetAttribute(fused_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, pf::kSmemBytes);
 }
 
+m3qkv_status co_resident_prefill(const DeviceInfo& dev, unsigned* ctas) {
+  return host::co_resident_ctas("m3qkv_fused_qkv", "fused_prefill_kernel", dev,
+                                reinterpret_cast<const void*>(fused_prefill_kernel), pf::kThreads, pf::kSmemBytes, ctas);
+}
+
 m3qkv_status launch_prefill(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap_wbf, const KernelParams& p, int grid,
-                            bool pdl, const DeviceInfo& dev, cudaStream_t stream) {
+                            bool pdl, unsigned max_ctas, cudaStream_t stream) {
   host::LaunchShape s;
-  // The grid barrier needs every CTA resident: any grid is clamped to that (docs/contract.md §5).
-  M3QKV_TRY(host::cooperative_grid("m3qkv_fused_qkv", "fused_prefill_kernel", dev,
-                                   reinterpret_cast<const void*>(fused_prefill_kernel), pf::kThreads, pf::kSmemBytes,
-                                   grid, &s.grid));
+  // The grid barrier needs every CTA resident: any grid is clamped to that.
+  s.grid = host::clamp_grid(grid, max_ctas);
   s.threads = pf::kThreads;
   s.smem = pf::kSmemBytes;
   s.pdl = pdl;
