@@ -55,7 +55,11 @@ static_assert(kStepK * 2 == 128, "a step's bf16 token row is one 128-byte swizzl
 // 16-B unit u of a 128-B row n sits at unit u ^ (n % 8). The B operand (the
 // activations, K-major) is what the wgmma descriptor reads in that layout; the
 // weight tile uses it so that the 8 rows of a warp's A-fragment loads hit 8
-// different bank groups. CPU-checked in tests/cpu/test_decode_plan.cpp.
+// different bank groups. The pattern is CU_TENSOR_MAP_SWIZZLE_128B's (CUDA
+// driver API, cuTensorMapEncodeTiled; PTX ISA "Tensor swizzling modes", which
+// wgmma's 128B-swizzle descriptor mode reads alike). Its properties are
+// CPU-checked in tests/cpu/test_decode_plan.cpp; a wrong pattern fails the
+// bit-exact GPU tests (Sm90DecodeExact, GpuXBf16.Sm90ForcedBitExact).
 constexpr int sw128_offset(int row, int byte) { return row * 128 + ((((byte >> 4) ^ (row & 7)) & 7) << 4) + (byte & 15); }
 // The A fragment of wgmma m64nNk16 (PTX ISA, register fragments of wgmma):
 // element e (0..7) of lane l is row l/4 + 8·((e/2) % 2), K column
