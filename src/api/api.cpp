@@ -24,6 +24,7 @@
 #include "api/internal.h"
 #include "api/selftest.h"
 #include "host/backend_choice.h"
+#include "host/cuda.h"
 #include "host/checked.h"
 #include "host/context.h"
 #include "host/device.h"
@@ -566,6 +567,10 @@ m3qkv_status m3qkv_warmup(int device) {
     m3qkv_backend_kind fused = M3QKV_BACKEND_NONE;
     M3QKV_TRY(fused_choice(fn, facts, &fused));
     if (fused == M3QKV_BACKEND_NONE) return no_portable(fn, facts);
+    // Relaxed for this thread, so that its allocations never break a capture
+    // another thread has open in global mode (docs/contract.md §7).
+    host::RelaxedCaptureMode relaxed(host::cuda_unresolved());
+    M3QKV_CUDA_TRY(fn, relaxed.error());
     host::ContextScope scope;
     DeviceInfo d;
     M3QKV_TRY(host::enter_primary(fn, device, &scope, &d));
@@ -612,6 +617,11 @@ m3qkv_status m3qkv_selftest(int device, m3qkv_selftest_report* report) {
     m3qkv_status st = query_device(device, &facts, fn);
     if (st != M3QKV_SUCCESS) return stopped(st);
     if (fused_backend_for(facts) == M3QKV_BACKEND_NONE) return stopped(no_portable(fn, facts));
+    // As the warmup: this thread's cudaMalloc / cudaFree must not break a
+    // capture another thread has open in global mode.
+    host::RelaxedCaptureMode relaxed(host::cuda_unresolved());
+    if (relaxed.error() != cudaSuccess)
+      return stopped(cuda_fail(fn, "cudaThreadExchangeStreamCaptureMode", relaxed.error()));
     host::ContextScope scope;
     DeviceInfo d;
     st = host::enter_primary(fn, device, &scope, &d);

@@ -130,14 +130,21 @@ m3qkv_status enter_primary(const char* fn, int device, ContextScope* scope, Devi
   M3QKV_TRY(ensure_runtime(fn, *c));
   DeviceInfo facts;
   M3QKV_TRY(query_device(device, &facts, fn));  // checks the ordinal
-  // The retain is never released: a primary context nobody else holds yet
-  // would be destroyed by the release, and the warmup with it. One retain
-  // per call of m3qkv_warmup, which callers make once per device.
+  // The first retain per device is kept for the process (a primary context
+  // nobody else holds yet would be destroyed by the release, and the warmup
+  // with it); later calls give theirs back once the context is current.
   CUcontext primary = nullptr;
   M3QKV_CUDA_TRY(fn, c->primary_ctx_retain(&primary, device));
   CUcontext cur = nullptr;
   M3QKV_CUDA_TRY(fn, c->ctx_get_current(&cur));
-  return enter(fn, *c, primary, cur, scope, dev);
+  M3QKV_TRY(enter(fn, *c, primary, cur, scope, dev));
+  static std::mutex mu;
+  static std::unordered_map<int, unsigned long long> kept;  // device -> the primary context's id holding our retain
+  std::lock_guard<std::mutex> lock(mu);
+  unsigned long long& id = kept[device];
+  if (id == dev->context->id) M3QKV_CUDA_TRY(fn, c->primary_ctx_release(device));
+  else id = dev->context->id;  // first, or the primary context was re-created (cudaDeviceReset)
+  return M3QKV_SUCCESS;
 }
 
 ContextState* find_context(unsigned long long id) {

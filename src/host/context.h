@@ -23,6 +23,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <shared_mutex>
 #include <unordered_map>
 #include <vector>
 
@@ -31,14 +32,13 @@
 
 namespace m3qkv::host {
 
+// One workspace (host/workspace.h): the buffer in use and, for a capture,
+// the buffers it outgrew during the capture (nodes captured earlier use them).
 struct Workspace {
   void* ptr = nullptr;
   size_t bytes = 0;
-};
-// An outgrown workspace and the stream key it belonged to.
-struct RetiredWorkspace {
-  unsigned long long stream_key = 0;
-  void* ptr = nullptr;
+  std::vector<void*> outgrown;
+  std::atomic<unsigned long long> last_use{0};  // the context's workspace tick at its last lookup (LRU)
 };
 
 struct ContextState {
@@ -48,11 +48,20 @@ struct ContextState {
     std::atomic<const void*> value{nullptr};
     std::mutex mu;
   } once[static_cast<int>(OnceSlot::kCount)];
-  // Stream workspaces (host/workspace.cpp), under workspace_mu.
-  std::mutex workspace_mu;
-  std::unordered_map<unsigned long long, Workspace> workspaces;  // by stream key (workspace.cpp)
-  std::vector<RetiredWorkspace> retired;  // outgrown buffers, kept (workspace.cpp says why)
-  cudaStream_t zero_stream = nullptr;   // non-blocking stream of this context: capture workspaces are zeroed on it
+  // Stream and capture workspaces (host/workspace.cpp). The map and the
+  // buffers change under workspace_mu held exclusively; a call holds it
+  // shared from its lookup through its launch (host::WorkspaceLease), so no
+  // buffer is freed between the two.
+  std::shared_mutex workspace_mu;
+  std::unordered_map<unsigned long long, Workspace> workspaces;  // by key (workspace.cpp)
+  size_t stream_bytes = 0;                          // the stream (not capture) workspaces' bytes
+  std::atomic<unsigned long long> workspace_tick{0};
+  std::atomic<unsigned long long> workspace_epoch{0};  // bumped by every free: thread-local caches compare it
+  cudaStream_t zero_stream = nullptr;  // non-blocking stream of this context: capture workspaces are zeroed on it
+  // Keys of capture workspaces whose graph was destroyed (queued by the
+  // graph's user object, freed by the next call that is not capturing).
+  std::mutex dead_mu;
+  std::vector<unsigned long long> dead_captures;
 };
 
 // Undoes what enter_* did to the thread's current context when it goes out

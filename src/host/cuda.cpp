@@ -17,6 +17,14 @@ cudaError_t rt_memset_async(void* p, int v, size_t bytes, cudaStream_t s) { retu
 cudaError_t rt_memcpy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, cudaStream_t s) {
   return cudaMemcpyAsync(dst, src, bytes, kind, s);
 }
+cudaError_t rt_capture_info(cudaStream_t s, cudaStreamCaptureStatus* st, unsigned long long* id, cudaGraph_t* g) {
+  return cudaStreamGetCaptureInfo(s, st, id, g);
+}
+cudaError_t rt_malloc_async(void** p, size_t bytes, cudaStream_t s) { return cudaMallocAsync(p, bytes, s); }
+cudaError_t rt_user_object_release(cudaUserObject_t o, unsigned n) { return cudaUserObjectRelease(o, n); }
+cudaError_t rt_graph_retain_user_object(cudaGraph_t g, cudaUserObject_t o, unsigned n, unsigned flags) {
+  return cudaGraphRetainUserObject(g, o, n, flags);
+}
 cudaError_t rt_occupancy(int* blocks, const void* kernel, int threads, size_t smem) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, smem);
 }
@@ -25,7 +33,8 @@ cudaError_t rt_occupancy(int* blocks, const void* kernel, int threads, size_t sm
 // completely, then published through g_table, so no reader sees it change.
 const Cuda g_runtime_only = {
     &cudaGetLastError, &cudaGetDeviceCount, &cudaGetDevice, &cudaSetDevice, &cudaDeviceGetAttribute,
-    &cudaDriverGetVersion, &cudaStreamGetId, &cudaStreamIsCapturing, &rt_malloc, &cudaFree, &rt_memset_async,
+    &cudaDriverGetVersion, &cudaStreamGetId, &rt_capture_info, &rt_malloc, &cudaFree, &rt_malloc_async,
+    &cudaFreeAsync, &cudaUserObjectCreate, &rt_user_object_release, &rt_graph_retain_user_object, &rt_memset_async,
     &rt_memcpy_async, &cudaStreamCreateWithFlags, &cudaStreamSynchronize, &cudaStreamDestroy,
     &cudaThreadExchangeStreamCaptureMode, &rt_occupancy,
     false, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,
@@ -94,6 +103,11 @@ m3qkv_status cuda(const char* fn, const Cuda** out) {
   }
   *out = t;
   return M3QKV_SUCCESS;
+}
+
+RelaxedCaptureMode::RelaxedCaptureMode(const Cuda& c) : c_(c), err_(c.exchange_capture_mode(&saved_)) {}
+RelaxedCaptureMode::~RelaxedCaptureMode() {
+  if (err_ == cudaSuccess) (void)c_.exchange_capture_mode(&saved_);
 }
 
 const Cuda& cuda_unresolved() { return *g_table.load(std::memory_order_acquire); }

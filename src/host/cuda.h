@@ -25,9 +25,18 @@ struct Cuda {
   cudaError_t (*device_get_attribute)(int*, cudaDeviceAttr, int);
   cudaError_t (*driver_get_version)(int*);
   cudaError_t (*stream_get_id)(cudaStream_t, unsigned long long*);
-  cudaError_t (*stream_is_capturing)(cudaStream_t, cudaStreamCaptureStatus*);
+  // cudaStreamGetCaptureInfo: the capture's status, its id (unique in the
+  // process) and the graph being built.
+  cudaError_t (*stream_get_capture_info)(cudaStream_t, cudaStreamCaptureStatus*, unsigned long long*, cudaGraph_t*);
   cudaError_t (*malloc)(void**, size_t);
   cudaError_t (*free)(void*);
+  cudaError_t (*malloc_async)(void**, size_t, cudaStream_t);  // the device's current mempool, stream-ordered
+  cudaError_t (*free_async)(void*, cudaStream_t);
+  // A capture workspace's lifetime is its graph's (workspace.cpp): a user
+  // object the graph owns, whose destructor (no CUDA calls) queues the free.
+  cudaError_t (*user_object_create)(cudaUserObject_t*, void*, cudaHostFn_t, unsigned, unsigned);
+  cudaError_t (*user_object_release)(cudaUserObject_t, unsigned);
+  cudaError_t (*graph_retain_user_object)(cudaGraph_t, cudaUserObject_t, unsigned, unsigned);
   cudaError_t (*memset_async)(void*, int, size_t, cudaStream_t);
   cudaError_t (*memcpy_async)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
   cudaError_t (*stream_create_with_flags)(cudaStream_t*, unsigned);
@@ -50,6 +59,23 @@ struct Cuda {
   PFN_cuDevicePrimaryCtxGetState_v7000 primary_ctx_get_state;
   PFN_cuPointerGetAttributes_v7000 pointer_get_attributes;
   PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encode_tiled;
+};
+
+// The thread's stream-capture mode exchanged to relaxed while it lives (the
+// CUDA-documented way for a library to call cudaMalloc / cudaFree while some
+// stream, of this thread or another, captures in global mode), then restored.
+class RelaxedCaptureMode {
+ public:
+  explicit RelaxedCaptureMode(const Cuda& c);
+  ~RelaxedCaptureMode();
+  RelaxedCaptureMode(const RelaxedCaptureMode&) = delete;
+  RelaxedCaptureMode& operator=(const RelaxedCaptureMode&) = delete;
+  cudaError_t error() const { return err_; }  // of the exchange
+
+ private:
+  const Cuda& c_;
+  cudaStreamCaptureMode saved_ = cudaStreamCaptureModeRelaxed;
+  cudaError_t err_;
 };
 
 // The table in use, with its driver part resolved (a status naming the

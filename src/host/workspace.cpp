@@ -1,4 +1,4 @@
-// Stream workspaces (see workspace.h).
+// Stream and capture workspaces (see workspace.h).
 #include "host/workspace.h"
 
 #include "host/context.h"
@@ -11,11 +11,13 @@ namespace {
 constexpr const char* kFn = "m3qkv: stream workspace";
 constexpr size_t kAlign = 256;
 
-// The last workspace this thread got: the steady state of one stream per
-// thread takes no lock.
+// The last workspace this thread got: valid while the context records and
+// the context's free epoch are unchanged (checked under the shared lock).
 struct LastWorkspace {
-  unsigned long long generation = 0, context = 0, stream = 0;
-  Workspace ws;
+  unsigned long long generation = 0, context = 0, key = 0, epoch = 0;
+  Workspace* entry = nullptr;
+  void* ptr = nullptr;
+  size_t bytes = 0;
 };
 thread_local LastWorkspace t_last;
 
@@ -25,72 +27,235 @@ struct ReleaseAtExit {
   ~ReleaseAtExit() { release_workspaces(); }
 };
 
-// The stream's key: its id, or (while it captures) its handle; bit 0 says which.
-m3qkv_status stream_key(const Cuda& c, cudaStream_t stream, unsigned long long* key) {
+// A key names a stream (its id, bit 0 clear) or a capture (its id, bit 0 set).
+bool is_capture_key(unsigned long long key) { return (key & 1u) != 0; }
+
+struct StreamKey {
+  unsigned long long key = 0;
+  cudaGraph_t graph = nullptr;  // the graph being captured (capture keys)
+};
+m3qkv_status stream_key(const Cuda& c, cudaStream_t stream, StreamKey* out) {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  M3QKV_CUDA_TRY(kFn, c.stream_is_capturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) {
-    *key = (static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(stream)) << 1) | 1u;
+  unsigned long long id = 0;
+  cudaGraph_t graph = nullptr;
+  M3QKV_CUDA_TRY(kFn, c.stream_get_capture_info(stream, &capture, &id, &graph));
+  if (capture == cudaStreamCaptureStatusInvalidated)
+    return fail(M3QKV_ERROR_CUDA_ERROR, "%s: stream %p's capture was invalidated (an earlier error during capture)",
+                kFn, static_cast<void*>(stream));
+  if (capture == cudaStreamCaptureStatusActive) {
+    *out = StreamKey{(id << 1) | 1u, graph};
     return M3QKV_SUCCESS;
   }
-  unsigned long long id = 0;
   M3QKV_CUDA_TRY(kFn, c.stream_get_id(stream, &id));
-  *key = id << 1;
+  *out = StreamKey{id << 1, nullptr};
   return M3QKV_SUCCESS;
 }
 
-bool is_capture_key(unsigned long long key) { return (key & 1u) != 0; }
+// The user object's destructor (a CUDA thread; no CUDA calls allowed): the
+// graph is gone, so its workspace can be freed by the next call.
+struct DeadCapture {
+  unsigned long long context = 0, key = 0;
+};
+void CUDART_CB capture_graph_destroyed(void* p) {
+  const DeadCapture* d = static_cast<const DeadCapture*>(p);
+  if (ContextState* st = find_context(d->context)) {
+    std::lock_guard<std::mutex> lock(st->dead_mu);
+    st->dead_captures.push_back(d->key);
+  }
+  delete d;
+}
 
-// cudaMalloc of `bytes` with the capture mode relaxed, then the zeroing
-// (workspace.h says where and why).
-m3qkv_status allocate(const Cuda& c, ContextState& st, cudaStream_t stream, bool capturing, size_t bytes, void** out) {
+// The graph being captured owns a reference to the capture workspace `key`.
+m3qkv_status tie_to_graph(const Cuda& c, ContextState& st, unsigned long long key, cudaGraph_t graph) {
+  auto* cookie = new DeadCapture{st.id, key};
+  cudaUserObject_t obj = nullptr;
+  cudaError_t e = c.user_object_create(&obj, cookie, &capture_graph_destroyed, 1, cudaUserObjectNoDestructorSync);
+  if (e != cudaSuccess) {
+    delete cookie;
+    return cuda_fail(kFn, "cudaUserObjectCreate (the capture workspace's lifetime)", e);
+  }
+  e = c.graph_retain_user_object(graph, obj, 1, cudaGraphUserObjectMove);
+  if (e != cudaSuccess) {
+    (void)c.user_object_release(obj, 1);  // runs the destructor: the workspace is queued, not leaked
+    return cuda_fail(kFn, "cudaGraphRetainUserObject (the capture workspace's lifetime)", e);
+  }
+  return M3QKV_SUCCESS;
+}
+
+// cudaMalloc of `bytes`, then the zeroing of its head (workspace.h says
+// where and why). Capture mode relaxed by the caller.
+m3qkv_status allocate(const Cuda& c, ContextState& st, cudaStream_t stream, bool capture, size_t bytes, void** out) {
   static ReleaseAtExit release;
-  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
-  M3QKV_CUDA_TRY(kFn, c.exchange_capture_mode(&mode));
   void* p = nullptr;
   cudaError_t e = c.malloc(&p, bytes);
   const size_t zero = bytes < kWorkspaceZeroBytes ? bytes : kWorkspaceZeroBytes;
-  if (e == cudaSuccess && !capturing) {
+  if (e == cudaSuccess && !capture) {
     e = c.memset_async(p, 0, zero, stream);  // stream-ordered: no host wait
   } else if (e == cudaSuccess) {
     if (st.zero_stream == nullptr) e = c.stream_create_with_flags(&st.zero_stream, cudaStreamNonBlocking);
     if (e == cudaSuccess) e = c.memset_async(p, 0, zero, st.zero_stream);
     if (e == cudaSuccess) e = c.stream_synchronize(st.zero_stream);
   }
-  if (e != cudaSuccess && p != nullptr) (void)c.free(p);
-  cudaStreamCaptureMode restore = mode;
-  const cudaError_t e2 = c.exchange_capture_mode(&restore);
-  if (e != cudaSuccess) return cuda_fail(kFn, "cudaMalloc / cudaMemsetAsync of the workspace", e);
-  M3QKV_CUDA_TRY(kFn, e2);
+  if (e != cudaSuccess) {
+    if (p != nullptr) (void)c.free(p);
+    return cuda_fail(kFn, "cudaMalloc / cudaMemsetAsync of the workspace", e);
+  }
   *out = p;
+  return M3QKV_SUCCESS;
+}
+
+// Frees one workspace's buffers and forgets it (lock held exclusively).
+// cudaFree waits for the device work that may still read them.
+cudaError_t drop(const Cuda& c, ContextState& st, unsigned long long key) {
+  const auto it = st.workspaces.find(key);
+  if (it == st.workspaces.end()) return cudaSuccess;
+  cudaError_t first = it->second.ptr != nullptr ? c.free(it->second.ptr) : cudaSuccess;
+  for (void* p : it->second.outgrown) {
+    const cudaError_t e = c.free(p);
+    if (first == cudaSuccess) first = e;
+  }
+  if (!is_capture_key(key)) st.stream_bytes -= it->second.bytes;
+  st.workspaces.erase(it);
+  st.workspace_epoch.fetch_add(1, std::memory_order_release);
+  return first;
+}
+
+// The capture workspaces whose graphs are gone (lock held exclusively).
+cudaError_t drop_dead_captures(const Cuda& c, ContextState& st) {
+  std::vector<unsigned long long> dead;
+  {
+    std::lock_guard<std::mutex> lock(st.dead_mu);
+    dead.swap(st.dead_captures);
+  }
+  cudaError_t first = cudaSuccess;
+  for (unsigned long long key : dead) {
+    const cudaError_t e = drop(c, st, key);
+    if (first == cudaSuccess) first = e;
+  }
+  return first;
+}
+
+// The least recently used stream workspaces other than `keep`, freed while
+// the context holds more than the bounds (lock held exclusively).
+cudaError_t trim_streams(const Cuda& c, ContextState& st, unsigned long long keep) {
+  cudaError_t first = cudaSuccess;
+  for (;;) {
+    int streams = 0;
+    unsigned long long lru = 0, lru_use = ~0ull;
+    for (const auto& kv : st.workspaces) {
+      if (is_capture_key(kv.first)) continue;
+      ++streams;
+      const unsigned long long use = kv.second.last_use.load(std::memory_order_relaxed);
+      if (kv.first != keep && use < lru_use) lru = kv.first, lru_use = use;
+    }
+    if ((streams <= kMaxStreamWorkspaces && st.stream_bytes <= kStreamWorkspaceBudget) || lru_use == ~0ull)
+      return first;
+    const cudaError_t e = drop(c, st, lru);
+    if (first == cudaSuccess) first = e;
+  }
+}
+
+// The slow path: makes the workspace of `k` at least `bytes` large (lock held
+// exclusively), frees what the rules say, and caches the result for the
+// thread.
+m3qkv_status prepare(const Cuda& c, ContextState& st, cudaStream_t stream, const StreamKey& k, size_t bytes) {
+  const bool capture = is_capture_key(k.key);
+  RelaxedCaptureMode relaxed(c);
+  M3QKV_CUDA_TRY(kFn, relaxed.error());
+  if (!capture) M3QKV_CUDA_TRY(kFn, drop_dead_captures(c, st));
+  const bool fresh = st.workspaces.find(k.key) == st.workspaces.end();
+  Workspace& ws = st.workspaces[k.key];
+  if (fresh && capture) {
+    const m3qkv_status s = tie_to_graph(c, st, k.key, k.graph);
+    if (s != M3QKV_SUCCESS) {
+      st.workspaces.erase(k.key);  // the user object, if made, queued the key: dropping it then is a no-op
+      return s;
+    }
+  }
+  if (ws.bytes < bytes) {
+    size_t want = bytes > 2 * ws.bytes ? bytes : 2 * ws.bytes;
+    want = (want + kAlign - 1) / kAlign * kAlign;
+    if (ws.ptr != nullptr) {
+      if (capture) {
+        ws.outgrown.push_back(ws.ptr);  // nodes captured earlier use it
+      } else {
+        const cudaError_t e = c.free(ws.ptr);  // waits for the launches that used it
+        st.stream_bytes -= ws.bytes;
+        st.workspace_epoch.fetch_add(1, std::memory_order_release);
+        if (e != cudaSuccess) {
+          ws.ptr = nullptr, ws.bytes = 0;
+          return cuda_fail(kFn, "cudaFree of an outgrown workspace", e);
+        }
+      }
+      ws.ptr = nullptr, ws.bytes = 0;
+    }
+    void* p = nullptr;
+    M3QKV_TRY(allocate(c, st, stream, capture, want, &p));
+    ws.ptr = p;
+    ws.bytes = want;
+    if (!capture) st.stream_bytes += want;
+  }
+  ws.last_use.store(st.workspace_tick.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  if (!capture) M3QKV_CUDA_TRY(kFn, trim_streams(c, st, k.key));
   return M3QKV_SUCCESS;
 }
 
 }  // namespace
 
-m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out) {
+WorkspaceLease::~WorkspaceLease() {
+  // Stream-ordered after the launch; an error here has no call to report to
+  // (the pool reclaims the block at the next synchronization regardless).
+  if (body_ != nullptr && cuda_unresolved().free_async(body_, body_stream_) != cudaSuccess)
+    (void)cuda_unresolved().get_last_error();
+}
+
+m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out,
+                              WorkspaceLease* lease) {
   if (dev.context == nullptr) return fail(M3QKV_ERROR_INTERNAL, "%s: DeviceInfo without a context", kFn);
   ContextState& st = *dev.context;
   const Cuda& c = cuda_unresolved();  // enter_* resolved it
-  unsigned long long key = 0;
-  M3QKV_TRY(stream_key(c, stream, &key));
+  StreamKey k;
+  M3QKV_TRY(stream_key(c, stream, &k));
   const unsigned long long gen = context_generation();
-  if (t_last.generation == gen && t_last.context == st.id && t_last.stream == key && t_last.ws.bytes >= bytes) {
-    *out = t_last.ws.ptr;
+  // At most a few rounds: another thread can free this workspace only
+  // between the slow path and the shared lock, and only when it is the
+  // least recently used of more than the bounds allow.
+  for (int round = 0; round < 8; ++round) {
+    lease->lock_ = std::shared_lock<std::shared_mutex>(st.workspace_mu);
+    const LastWorkspace& t = t_last;
+    if (t.generation == gen && t.context == st.id && t.key == k.key && t.bytes >= bytes &&
+        t.epoch == st.workspace_epoch.load(std::memory_order_acquire)) {
+      t.entry->last_use.store(st.workspace_tick.fetch_add(1, std::memory_order_relaxed) + 1,
+                              std::memory_order_relaxed);
+      *out = t.ptr;
+      return M3QKV_SUCCESS;
+    }
+    lease->lock_.unlock();
+    std::unique_lock<std::shared_mutex> excl(st.workspace_mu);
+    M3QKV_TRY(prepare(c, st, stream, k, bytes));
+    Workspace& ws = st.workspaces[k.key];
+    t_last = LastWorkspace{gen, st.id, k.key, st.workspace_epoch.load(std::memory_order_acquire), &ws, ws.ptr,
+                           ws.bytes};
+  }
+  return fail(M3QKV_ERROR_INTERNAL, "%s: the workspace was freed by other threads 8 times in a row", kFn);
+}
+
+m3qkv_status launch_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t body_bytes, void** head,
+                              void** body, WorkspaceLease* lease) {
+  const Cuda& c = cuda_unresolved();
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  M3QKV_CUDA_TRY(kFn, c.stream_get_capture_info(stream, &capture, nullptr, nullptr));
+  if (capture != cudaStreamCaptureStatusNone) {
+    M3QKV_TRY(stream_workspace(dev, stream, kWorkspaceZeroBytes + body_bytes, head, lease));
+    *body = static_cast<uint8_t*>(*head) + kWorkspaceZeroBytes;
     return M3QKV_SUCCESS;
   }
-  std::lock_guard<std::mutex> lock(st.workspace_mu);
-  Workspace& ws = st.workspaces[key];
-  if (ws.bytes < bytes) {
-    size_t want = bytes > 2 * ws.bytes ? bytes : 2 * ws.bytes;
-    want = (want + kAlign - 1) / kAlign * kAlign;
-    void* p = nullptr;
-    M3QKV_TRY(allocate(c, st, stream, is_capture_key(key), want, &p));
-    if (ws.ptr != nullptr) st.retired.push_back(RetiredWorkspace{key, ws.ptr});
-    ws = Workspace{p, want};
-  }
-  t_last = LastWorkspace{gen, st.id, key, ws};
-  *out = ws.ptr;
+  M3QKV_TRY(stream_workspace(dev, stream, kWorkspaceZeroBytes, head, lease));
+  void* p = nullptr;
+  M3QKV_CUDA_TRY(kFn, c.malloc_async(&p, body_bytes, stream));
+  lease->body_ = p;
+  lease->body_stream_ = stream;
+  *body = p;
   return M3QKV_SUCCESS;
 }
 
@@ -99,36 +264,20 @@ m3qkv_status release_stream_workspace(const char* fn, const DeviceInfo& dev, cud
   if (dev.context == nullptr) return fail(M3QKV_ERROR_INTERNAL, "%s: DeviceInfo without a context", fn);
   ContextState& st = *dev.context;
   const Cuda& c = cuda_unresolved();
-  unsigned long long key = 0;
-  M3QKV_TRY(stream_key(c, stream, &key));
-  if (refuse_capture && is_capture_key(key))
+  StreamKey k;
+  M3QKV_TRY(stream_key(c, stream, &k));
+  if (refuse_capture && is_capture_key(k.key))
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
                 "%s: stream %p is capturing a graph: its workspace cannot be freed during the capture (release it "
                 "after cudaStreamEndCapture)",
                 fn, static_cast<void*>(stream));
-  std::lock_guard<std::mutex> lock(st.workspace_mu);
-  // This thread's cache may name the buffer; other threads' caches cannot
-  // (the caller owns the stream and made every call on it from this thread).
-  if (t_last.context == st.id && t_last.stream == key) t_last = LastWorkspace{};
-  cudaError_t first = cudaSuccess;
-  const auto drop = [&](void* p) {
-    const cudaError_t e = c.free(p);
-    if (first == cudaSuccess) first = e;
-  };
-  const auto it = st.workspaces.find(key);
-  if (it != st.workspaces.end()) {
-    drop(it->second.ptr);
-    st.workspaces.erase(it);
-  }
-  for (size_t i = 0; i < st.retired.size();) {
-    if (st.retired[i].stream_key == key) {
-      drop(st.retired[i].ptr);
-      st.retired.erase(st.retired.begin() + static_cast<std::ptrdiff_t>(i));
-    } else {
-      ++i;
-    }
-  }
-  if (first != cudaSuccess) return cuda_fail(kFn, "cudaFree of a stream workspace", first);
+  RelaxedCaptureMode relaxed(c);
+  M3QKV_CUDA_TRY(fn, relaxed.error());
+  std::unique_lock<std::shared_mutex> excl(st.workspace_mu);
+  cudaError_t e = drop(c, st, k.key);
+  const cudaError_t e2 = is_capture_key(k.key) ? cudaSuccess : drop_dead_captures(c, st);
+  if (e == cudaSuccess) e = e2;
+  if (e != cudaSuccess) return cuda_fail(kFn, "cudaFree of a stream workspace", e);
   return M3QKV_SUCCESS;
 }
 
@@ -148,13 +297,20 @@ void release_workspaces() {
     if (c->primary_ctx_retain(&ctx, d) != CUDA_SUCCESS) continue;
     ContextState* st = c->ctx_get_id(ctx, &id) == CUDA_SUCCESS ? find_context(id) : nullptr;
     if (st != nullptr && c->ctx_push_current(ctx) == CUDA_SUCCESS) {
-      std::lock_guard<std::mutex> lock(st->workspace_mu);
-      for (auto& kv : st->workspaces) (void)c->free(kv.second.ptr);
-      for (const RetiredWorkspace& r : st->retired) (void)c->free(r.ptr);
+      std::unique_lock<std::shared_mutex> excl(st->workspace_mu);
+      for (auto& kv : st->workspaces) {
+        if (kv.second.ptr != nullptr) (void)c->free(kv.second.ptr);
+        for (void* p : kv.second.outgrown) (void)c->free(p);
+      }
       if (st->zero_stream != nullptr) (void)c->stream_destroy(st->zero_stream);
       st->workspaces.clear();
-      st->retired.clear();
+      st->stream_bytes = 0;
+      st->workspace_epoch.fetch_add(1, std::memory_order_release);
       st->zero_stream = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(st->dead_mu);
+        st->dead_captures.clear();
+      }
       CUcontext popped = nullptr;
       (void)c->ctx_pop_current(&popped);
     }
@@ -164,14 +320,14 @@ void release_workspaces() {
 }
 
 m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream, const splitk::Plan& plan,
-                              SplitkBuffers* out) {
+                              SplitkBuffers* out, WorkspaceLease* lease) {
   *out = SplitkBuffers{};
   if (plan.split <= 1) return M3QKV_SUCCESS;
   if (plan.counter_bytes > static_cast<int64_t>(kSplitkCounterBytesMax))
     return fail(M3QKV_ERROR_INTERNAL, "%s: %lld counter bytes exceed the zeroed workspace head's %zu counter bytes", fn,
                 static_cast<long long>(plan.counter_bytes), kSplitkCounterBytesMax);
   void* ws = nullptr;
-  M3QKV_TRY(stream_workspace(dev, stream, splitk_workspace_bytes(plan), &ws));
+  M3QKV_TRY(stream_workspace(dev, stream, splitk_workspace_bytes(plan), &ws, lease));
   out->counters = static_cast<uint32_t*>(ws);
   out->partials = reinterpret_cast<float*>(static_cast<uint8_t*>(ws) + kSplitkPartialsOffset);
   return M3QKV_SUCCESS;

@@ -1,11 +1,13 @@
-// Device workspace per (context, stream), for kernels that need scratch
-// memory across CTAs (split-K arrival counters and partial sums).
+// The device memory m3qkv keeps for its kernels between CTAs and launches:
+// split-K arrival counters and partial sums, the prefill paths' bf16 copies.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
+#include <shared_mutex>
 
 #include "common/splitk_plan.h"
 #include "host/device.h"
@@ -22,40 +24,73 @@ constexpr size_t kWorkspaceZeroBytes = size_t{64} << 10;
 constexpr size_t kGridSyncOffset = kWorkspaceZeroBytes - 256;
 constexpr size_t kSplitkCounterBytesMax = kGridSyncOffset;
 
-// *out = a device buffer of at least `bytes` bytes owned by m3qkv for the
-// pair (dev.context, stream). A stream is named by its cudaStreamGetId
-// (unique in the process, unlike handles, which are reused) when it is not
-// capturing, and by its handle while it captures (the runtime refuses
-// cudaStreamGetId then): the graphs captured on one stream share that
-// stream's capture workspace, so replay them in order, as a serving loop
-// does, not concurrently with each other.
-//  - Its first min(kWorkspaceZeroBytes, size) bytes were zeroed when it was
-//    allocated; the rest holds whatever earlier calls left. A stream's own
-//    workspace is zeroed by a cudaMemsetAsync on that stream (only launches
-//    on it use the buffer, so stream order suffices): a direct call never
-//    waits on the host for device work, as zeroing on a side stream and
-//    waiting for it would (a round trip on each new stream's first call, and
-//    a wait that the stream tests forbid). A capture workspace is zeroed on
-//    m3qkv's own stream and synchronously (a memset captured in the graph
-//    would run on every replay; its graphs may be replayed on any stream),
-//    so a first call under capture waits for that zeroing.
-//  - Grown on demand (to max(bytes, 2 x the old size)). The outgrown buffer
-//    is kept, not freed: earlier launches, or a CUDA graph captured earlier,
-//    may still use it.
-//  - Legal during stream capture: the allocation runs with the thread's
-//    capture mode exchanged to relaxed (cudaThreadExchangeStreamCaptureMode,
-//    the CUDA-documented way for a library to cudaMalloc while a capture is
-//    open), and the zeroing runs on a non-blocking stream of m3qkv's own, so
-//    nothing joins the captured stream. (cudaMallocAsync on the stream would
-//    make a graph-owned allocation that a later direct call could not use.)
-//  - Thread-safe; once a stream's buffer is large enough a call allocates
-//    nothing and takes no lock on the thread that used it last (O(1)
-//    otherwise): two CUDA queries (cudaStreamIsCapturing, cudaStreamGetId).
-//  - Freed at process exit for the primary contexts still alive then (so
-//    leak checkers stay quiet); buffers of a context that died went with it;
-//    release_stream_workspace frees one stream's before then.
-// Call with dev from enter_* (its context current).
-m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out);
+// The memory m3qkv keeps, per context:
+//  - A stream's workspace, for calls on a stream that is not capturing: one
+//    buffer per stream, named by its cudaStreamGetId (unique in the process,
+//    unlike handles, which are reused). Bounded: at most
+//    kMaxStreamWorkspaces streams and kStreamWorkspaceBudget bytes per
+//    context; past either, the least recently used other streams' buffers
+//    are freed (a stream that was destroyed is never used again, so a server
+//    that makes a stream per request keeps at most the budget). Outgrown
+//    buffers are freed at once. cudaFree waits for the device work that
+//    may still use the buffer (it synchronizes with the context: the PyTorch
+//    caching allocator relies on the same), and no other call is between its
+//    lookup and its launch then (WorkspaceLease).
+//  - A capture's workspace, for calls on a stream that captures a graph:
+//    one per capture sequence (the id of cudaStreamGetCaptureInfo), so graphs
+//    captured by different threads, on cudaStreamPerThread or on a reused
+//    handle, never share one, and any two graphs may be replayed
+//    concurrently. It lives as long as the graph: a user object the graph
+//    owns queues it when the graph and its executable graphs are destroyed,
+//    and the next m3qkv call in the context that is not capturing frees it.
+//  - Launch bodies (launch_workspace: the prefill paths' bf16 copies of x and
+//    w) outside capture: stream-ordered from the device's current memory
+//    pool (cudaMallocAsync / cudaFreeAsync on the call's stream around the
+//    launch), so they are shared by every stream and go back to the driver
+//    at the pool's release threshold (CUDA's default: at synchronization).
+// A workspace's first min(kWorkspaceZeroBytes, size) bytes were zeroed when
+// it was allocated; kernels keep their counters there and leave them zero;
+// the rest holds whatever earlier calls left. A stream's workspace is zeroed
+// by a cudaMemsetAsync on that stream (only launches on it use the buffer,
+// so stream order suffices and a direct call never waits on the host); a
+// capture's on m3qkv's own non-blocking stream and synchronously (a memset
+// captured in the graph would run on every replay).
+// Allocations and frees run with the thread's capture mode relaxed
+// (RelaxedCaptureMode), so they are legal while any stream captures.
+// Thread-safe; a warm call takes the context's lock shared, one atomic tick
+// and two CUDA queries (cudaStreamGetCaptureInfo, cudaStreamGetId).
+constexpr int kMaxStreamWorkspaces = 64;
+constexpr size_t kStreamWorkspaceBudget = size_t{256} << 20;
+
+// Held from a workspace lookup through the launch that uses it: the context's
+// workspace lock shared (no buffer handed out is freed meanwhile) and the
+// launch body to give back (cudaFreeAsync on the stream) when it ends.
+class WorkspaceLease {
+ public:
+  WorkspaceLease() = default;
+  ~WorkspaceLease();
+  WorkspaceLease(const WorkspaceLease&) = delete;
+  WorkspaceLease& operator=(const WorkspaceLease&) = delete;
+
+ private:
+  friend m3qkv_status stream_workspace(const DeviceInfo&, cudaStream_t, size_t, void**, WorkspaceLease*);
+  friend m3qkv_status launch_workspace(const DeviceInfo&, cudaStream_t, size_t, void**, void**, WorkspaceLease*);
+  std::shared_lock<std::shared_mutex> lock_;
+  void* body_ = nullptr;
+  cudaStream_t body_stream_ = nullptr;
+};
+
+// *out = at least `bytes` bytes of the workspace of (dev.context, stream):
+// the stream's, or while it captures the capture's (rules above), valid while
+// `lease` lives. Call with dev from enter_* (its context current).
+m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out,
+                              WorkspaceLease* lease);
+// *head = the zeroed head (kWorkspaceZeroBytes) of the workspace, *body =
+// `body_bytes` bytes for this launch: stream-ordered from the memory pool
+// outside capture, past the head of the capture's workspace during one; both
+// valid while `lease` lives.
+m3qkv_status launch_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t body_bytes, void** head,
+                              void** body, WorkspaceLease* lease);
 
 // The split-K decode kernels' buffers in the stream workspace
 // (common/splitk_plan.h): the arrival counters in the zeroed head
@@ -76,18 +111,15 @@ struct SplitkBuffers {
   float* partials = nullptr;
 };
 m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream, const splitk::Plan& plan,
-                              SplitkBuffers* out);
+                              SplitkBuffers* out, WorkspaceLease* lease);
 
-// Frees the workspaces of (dev.context, stream), the current one and any it
-// outgrew, so that a caller that destroys its stream leaves no device memory
-// behind (m3qkv_selftest: its own stream). Only for a stream whose work is
-// finished and on which no other thread calls m3qkv; a later call on it gets
-// a fresh (zeroed) workspace. Call with dev from enter_*.
 // Frees the workspace of `stream` under its current key (while it captures,
-// its capture workspace) and the ones that key outgrew. With refuse_capture
-// (the public m3qkv_release_stream) a capturing stream is refused instead, so
-// no free can invalidate a capture and the graphs keep their workspace.
-// `fn` names the entry point.
+// its capture's workspace: only for a capture that will be abandoned), so a
+// caller that destroys its stream gets the memory back before the budget
+// would free it (m3qkv_selftest: its own stream; m3qkv_release_stream). A
+// later call on the stream gets a fresh (zeroed) workspace. With
+// refuse_capture (the public m3qkv_release_stream) a capturing stream is
+// refused instead: its graph keeps its workspace. `fn` names the entry point.
 m3qkv_status release_stream_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream,
                                       bool refuse_capture = false);
 

@@ -132,8 +132,9 @@ m3qkv_status sm100_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev
   p.token_blocks = plan.token_blocks;
   p.split = plan.split;
   p.units = static_cast<int32_t>(plan.units);
+  host::WorkspaceLease lease;  // through the launch
   host::SplitkBuffers ws;
-  M3QKV_TRY(host::splitk_workspace("sm100_fused_decode", dev, s, plan, &ws));
+  M3QKV_TRY(host::splitk_workspace("sm100_fused_decode", dev, s, plan, &ws, &lease));
   p.counters = ws.counters;
   p.partials = ws.partials;
   p.acc_tap = acc_tap;

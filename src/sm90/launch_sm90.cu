@@ -126,8 +126,9 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   p.units = static_cast<int32_t>(plan.units);
   p.xsf = static_cast<const uint8_t*>(a.xsf);
   p.wsf = static_cast<const uint8_t*>(a.wsf);
+  host::WorkspaceLease lease;  // through the launch
   host::SplitkBuffers ws;
-  M3QKV_TRY(host::splitk_workspace("sm90_fused_decode", dev, s, plan, &ws));
+  M3QKV_TRY(host::splitk_workspace("sm90_fused_decode", dev, s, plan, &ws, &lease));
   p.counters = ws.counters;
   p.partials = ws.partials;
   p.acc_tap = acc_tap;
@@ -184,17 +185,17 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   const bool pre_a = variant == kSm90Bf16DequantPreA || (variant == kSm90AutoVariant && pre_a_ok && !prefill);
   host::timing_mark(host::Phase::kPlan);
 
-  // x̂ (pre_a): after the workspace's zeroed head, which holds the decode
-  // kernel's arrival counters and (host::kGridSyncOffset) the grid barrier of
-  // the conversion. ŵ (prefill) right after x̂.
+  // The workspace's zeroed head holds (host::kGridSyncOffset) the grid
+  // barrier of the conversion; x̂ (pre_a) and ŵ (prefill) are the launch's
+  // body (host::launch_workspace).
+  host::WorkspaceLease lease;  // through the launch
   void* ws = nullptr;
   void* xbf = nullptr;
   uint8_t* wbf = nullptr;
   if (pre_a || prefill) {
     const size_t xbf_bytes = static_cast<size_t>(a.m) * static_cast<size_t>(a.k) * 2;
     const size_t wbf_bytes = prefill ? static_cast<size_t>(n) * static_cast<size_t>(a.k) * 2 : 0;
-    M3QKV_TRY(host::stream_workspace(dev, s, host::kWorkspaceZeroBytes + xbf_bytes + wbf_bytes, &ws));
-    xbf = static_cast<uint8_t*>(ws) + host::kWorkspaceZeroBytes;
+    M3QKV_TRY(host::launch_workspace(dev, s, xbf_bytes + wbf_bytes, &ws, &xbf, &lease));
     wbf = prefill ? static_cast<uint8_t*>(xbf) + xbf_bytes : nullptr;
   }
   CUtensorMap tmap_x, tmap_w;

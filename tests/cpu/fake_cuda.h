@@ -67,6 +67,7 @@ struct FakeCuda {
   std::atomic<int> encodes{0};
   std::vector<int> set_device_log;
   std::vector<int> retain_log;
+  std::vector<int> release_log;  // cuDevicePrimaryCtxRelease's devices
   std::vector<std::pair<void*, size_t>> mallocs;
   std::vector<std::pair<void*, size_t>> memsets;
   std::vector<cudaStream_t> memset_streams;  // the stream of each memsets entry
@@ -101,7 +102,14 @@ struct FakeCuda {
   int occupancy_blocks = -1;
   cudaError_t occupancy_err = cudaSuccess;
   std::atomic<int> occupancy_calls{0};
-  std::set<cudaStream_t> capturing;  // streams cudaStreamIsCapturing reports as capturing
+  // Streams cudaStreamGetCaptureInfo reports as capturing, and the id of
+  // each one's capture (fake_begin_capture: a new id per capture).
+  std::map<cudaStream_t, unsigned long long> capturing;
+  unsigned long long next_capture_id = 7000;
+  // User objects retained by captured graphs (the workspace's lifetime): the
+  // destructor and its argument; fake_destroy_graphs runs and clears them.
+  std::vector<std::pair<cudaHostFn_t, void*>> user_objects;
+  std::vector<std::pair<void*, cudaStream_t>> async_mallocs, async_frees;
   std::vector<cudaStreamCaptureMode> capture_modes;  // modes passed to exchange_capture_mode
   int streams_created = 0;
   int streams_destroyed = 0;
@@ -362,12 +370,64 @@ CUresult f_tensor_map_encode_tiled(CUtensorMap* m, CUtensorMapDataType, cuuint32
   return CUDA_SUCCESS;
 }
 
-cudaError_t f_stream_is_capturing(cudaStream_t s, cudaStreamCaptureStatus* st) {
+cudaError_t f_stream_get_capture_info(cudaStream_t s, cudaStreamCaptureStatus* st, unsigned long long* id,
+                                      cudaGraph_t* graph) {
   auto& f = fake_cuda();
   f.calls++;
   std::lock_guard<std::mutex> lock(f.mu);
-  *st = f.capturing.count(s) ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  const auto it = f.capturing.find(s);
+  *st = it != f.capturing.end() ? cudaStreamCaptureStatusActive : cudaStreamCaptureStatusNone;
+  if (id != nullptr) *id = it != f.capturing.end() ? it->second : 0;
+  if (graph != nullptr) *graph = it != f.capturing.end() ? reinterpret_cast<cudaGraph_t>(it->second) : nullptr;
   return cudaSuccess;
+}
+// Starts a capture on `s` (a new capture id), as cudaStreamBeginCapture.
+inline void fake_begin_capture(cudaStream_t s) {
+  auto& f = fake_cuda();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.capturing[s] = f.next_capture_id++;
+}
+cudaError_t f_malloc_async(void** p, size_t bytes, cudaStream_t s) {
+  const cudaError_t e = f_malloc(p, bytes);
+  if (e == cudaSuccess) {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().async_mallocs.emplace_back(*p, s);
+  }
+  return e;
+}
+cudaError_t f_free_async(void* p, cudaStream_t s) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.async_frees.emplace_back(p, s);
+  f.frees.push_back(p);
+  return cudaSuccess;
+}
+cudaError_t f_user_object_create(cudaUserObject_t* o, void* ptr, cudaHostFn_t destroy, unsigned refs, unsigned) {
+  auto& f = fake_cuda();
+  f.calls++;
+  if (refs != 1) return cudaErrorInvalidValue;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.user_objects.emplace_back(destroy, ptr);
+  *o = reinterpret_cast<cudaUserObject_t>(f.user_objects.size());
+  return cudaSuccess;
+}
+cudaError_t f_user_object_release(cudaUserObject_t, unsigned) {
+  fake_cuda().calls++;
+  return cudaSuccess;
+}
+cudaError_t f_graph_retain_user_object(cudaGraph_t g, cudaUserObject_t, unsigned, unsigned flags) {
+  fake_cuda().calls++;
+  return g != nullptr && flags == cudaGraphUserObjectMove ? cudaSuccess : cudaErrorInvalidValue;
+}
+// Destroys every captured graph: runs the user objects' destructors.
+inline void fake_destroy_graphs() {
+  std::vector<std::pair<cudaHostFn_t, void*>> objs;
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    objs.swap(fake_cuda().user_objects);
+  }
+  for (const auto& o : objs) o.first(o.second);
 }
 cudaError_t f_free(void* p) {
   auto& f = fake_cuda();
@@ -382,8 +442,12 @@ cudaError_t f_stream_destroy(cudaStream_t) {
   fake_cuda().streams_destroyed++;
   return cudaSuccess;
 }
-CUresult f_primary_ctx_release(CUdevice) {
+CUresult f_primary_ctx_release(CUdevice d) {
   fake_cuda().calls++;
+  {
+    std::lock_guard<std::mutex> lock(fake_cuda().mu);
+    fake_cuda().release_log.push_back(d);
+  }
   return CUDA_SUCCESS;
 }
 CUresult f_primary_ctx_get_state(CUdevice d, unsigned* flags, int* active) {
@@ -425,9 +489,14 @@ m3qkv::host::Cuda make_fake_table() {
   t.device_get_attribute = &f_device_get_attribute;
   t.driver_get_version = &f_driver_get_version;
   t.stream_get_id = &f_stream_get_id;
-  t.stream_is_capturing = &f_stream_is_capturing;
+  t.stream_get_capture_info = &f_stream_get_capture_info;
   t.malloc = &f_malloc;
   t.free = &f_free;
+  t.malloc_async = &f_malloc_async;
+  t.free_async = &f_free_async;
+  t.user_object_create = &f_user_object_create;
+  t.user_object_release = &f_user_object_release;
+  t.graph_retain_user_object = &f_graph_retain_user_object;
   t.memset_async = &f_memset_async;
   t.memcpy_async = &f_memcpy_async;
   t.stream_create_with_flags = &f_stream_create_with_flags;
@@ -471,6 +540,7 @@ void reset_fake_cuda() {
     f.driver_version = 13000;
     f.set_device_log.clear();
     f.retain_log.clear();
+    f.release_log.clear();
     f.mallocs.clear();
     f.memsets.clear();
     f.memset_streams.clear();
@@ -480,6 +550,9 @@ void reset_fake_cuda() {
     f.memcpys = 0;
     f.memcpy_err = cudaSuccess;
     f.capturing.clear();
+    f.user_objects.clear();
+    f.async_mallocs.clear();
+    f.async_frees.clear();
     f.allocations.clear();
     f.capture_modes.clear();
     f.occupancy_smem_per_sm = 228 << 10;

@@ -88,9 +88,14 @@ m3qkv::host::Cuda make_poison_table() {
   M3QKV_TRAP(device_get_attribute);
   M3QKV_TRAP(driver_get_version);
   M3QKV_TRAP(stream_get_id);
-  M3QKV_TRAP(stream_is_capturing);
+  M3QKV_TRAP(stream_get_capture_info);
   M3QKV_TRAP(malloc);
   M3QKV_TRAP(free);
+  M3QKV_TRAP(malloc_async);
+  M3QKV_TRAP(free_async);
+  M3QKV_TRAP(user_object_create);
+  M3QKV_TRAP(user_object_release);
+  M3QKV_TRAP(graph_retain_user_object);
   M3QKV_TRAP(memset_async);
   M3QKV_TRAP(memcpy_async);
   M3QKV_TRAP(stream_create_with_flags);

@@ -168,7 +168,8 @@ void run_decode(const m3qkv_test::Problem& p, const DeviceInputs& in, const Case
   ASSERT_GT(plan.nt, 0);
   if (plan.split > 1) {
     void* ws = nullptr;
-    M3QKV_OK(m3qkv::host::stream_workspace(dev, s.get(), m3qkv::host::splitk_workspace_bytes(plan), &ws));
+    m3qkv::host::WorkspaceLease lease;
+    M3QKV_OK(m3qkv::host::stream_workspace(dev, s.get(), m3qkv::host::splitk_workspace_bytes(plan), &ws, &lease));
     CUDA_OK(cudaMemsetAsync(static_cast<uint8_t*>(ws) + m3qkv::host::kSplitkPartialsOffset, 0xFF,
                             size_t(plan.partial_bytes), s.get()));
   }
