@@ -610,6 +610,140 @@ TEST(DISABLED_GpuStreamsChild, OneQueue) {
   }
 }
 
+// ------------------------------------------------- serving-shaped probes
+// A server that makes a stream per request: 1,000 x {create a stream; one
+// fused call at TP4 M = 4096 (the prefill path: its x̂ / ŵ copies, 80 MiB,
+// from the stream-ordered pool); synchronize; destroy the stream}. The device
+// memory the library keeps afterwards is bounded (host/workspace.h: at most
+// kMaxStreamWorkspaces heads per context, the pool's memory returned at
+// synchronization), not 80 MiB a stream. Every cycle's bytes equal the
+// first's.
+TEST(GpuServing, StreamChurnKeepsBoundedMemory) {
+  M3QKV_REQUIRE_GPU();
+  print_seed_once();
+  ProblemConfig cfg = config(Shape{kTP4, 4096, 6144, 128, false}, 0x6100);
+  Job j;
+  j.p = make_problem(cfg);  // no golden accumulator: cycles are compared with the first
+  CUDA_OK(j.in.upload(j.p));
+  CUDA_OK(j.out.init(j.p, 0, 0));
+  j.args = j.p.args_with(j.in.mapper(), j.out.ptrs());
+  M3QKV_OK(m3qkv_fused_qkv(&j.args, nullptr));  // modules loaded, the default stream's head made
+  CUDA_OK(cudaDeviceSynchronize());
+  Fetched first;
+  CUDA_OK(fetch_outputs(j.out, &first));
+  size_t free0 = 0, total = 0;
+  CUDA_OK(cudaMemGetInfo(&free0, &total));
+  constexpr int kCycles = 1000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < kCycles; ++i) {
+    cudaStream_t s = nullptr;
+    CUDA_OK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    const m3qkv_status st = m3qkv_fused_qkv(&j.args, s);
+    const cudaError_t e = cudaStreamSynchronize(s);
+    CUDA_OK(cudaStreamDestroy(s));
+    ASSERT_EQ(st, M3QKV_SUCCESS) << "cycle " << i << ": " << m3qkv_last_error();
+    CUDA_OK(e);
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CUDA_OK(cudaDeviceSynchronize());
+  size_t free1 = 0;
+  CUDA_OK(cudaMemGetInfo(&free1, &total));
+  const double retained_mib = (static_cast<double>(free0) - static_cast<double>(free1)) / (1 << 20);
+  std::printf("[ serving ] %d stream churn cycles at TP4 M 4096: %.1f MiB retained, %.1f us per cycle\n", kCycles,
+              retained_mib, secs * 1e6 / kCycles);
+  RecordProperty("churn_retained_mib", std::to_string(retained_mib));
+  EXPECT_LE(retained_mib, 64.0) << "stream workspaces outlive their streams";
+  Fetched last;
+  CUDA_OK(fetch_outputs(j.out, &last));
+  expect_same_fetched(j.p, first, last, "the last churn cycle against the first");
+}
+
+// The self-test on another thread while this one has a global-mode capture
+// open: the self-test's allocations run in relaxed capture mode, so the
+// capture stays valid and its graph replays the golden bytes (10 rounds).
+TEST(GpuServing, SelftestDuringAnotherThreadsCapture) {
+  M3QKV_REQUIRE_GPU();
+  print_seed_once();
+  int dev = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  M3QKV_OK(m3qkv_warmup(dev));
+  Job j;
+  ASSERT_NO_FATAL_FAILURE(setup_job(&j, config(Shape{kTP4, 64, 512, 16, false}, 0x6200), 0, 0, 1));
+  Stream s;
+  CUDA_OK(s.error());
+  for (int round = 0; round < 10; ++round) {
+    SCOPED_TRACE("round " + std::to_string(round));
+    m3qkv_selftest_report report{};
+    report.struct_size = sizeof(report);
+    m3qkv_status selftest_st = M3QKV_ERROR_INTERNAL;
+    std::string selftest_msg;
+    Graph g;
+    ASSERT_NO_FATAL_FAILURE(capture(s.get(), "m3qkv_fused_qkv with a self-test on another thread", [&] {
+      const m3qkv_status st = m3qkv_fused_qkv(&j.args, s.get());
+      std::thread other([&] {
+        (void)cudaSetDevice(dev);
+        selftest_st = m3qkv_selftest(dev, &report);
+        selftest_msg = m3qkv_last_error();
+      });
+      other.join();  // the capture is still open while the self-test runs
+      return st;
+    }, &g));
+    EXPECT_EQ(selftest_st, M3QKV_SUCCESS) << selftest_msg;
+    EXPECT_EQ(report.status, M3QKV_SUCCESS);
+    GraphExec exec;
+    CUDA_OK(exec.instantiate(g.get()));
+    CUDA_OK(j.out.repoison(round % 2, 0));
+    CUDA_OK(cudaGraphLaunch(exec.get(), s.get()));
+    ASSERT_NO_FATAL_FAILURE(check_outputs(j, s.get(), j.expected(round % 2, 0), "replay after the self-test"));
+    if (HasFailure()) return;
+  }
+}
+
+// Two threads capture on cudaStreamPerThread at once (one handle, two
+// streams), M = 1 (split-K counters and partials) and M = 1024 (the prefill
+// path: grid barrier and x̂ / ŵ): each capture has its own workspace, so the
+// two graphs replayed concurrently 1,000 times each come out golden.
+TEST(GpuServing, PerThreadStreamCapturesReplayConcurrently) {
+  M3QKV_REQUIRE_GPU();
+  print_seed_once();
+  int dev = 0;
+  CUDA_OK(cudaGetDevice(&dev));
+  M3QKV_OK(m3qkv_warmup(dev));
+  Job a, b;
+  ASSERT_NO_FATAL_FAILURE(setup_job(&a, config(Shape{kTP4, 1, 1024, 128, false}, 0x6300), 0, 0, 1));
+  ASSERT_NO_FATAL_FAILURE(setup_job(&b, config(Shape{kTP4, 1024, 256, 16, true}, 0x6301), 1, 0x100u, 1));
+  std::atomic<int> captured{0}, failed{0};
+  constexpr int kReplays = 1000;
+  auto body = [&](Job* job, const char* what) {
+    if (cudaSetDevice(dev) != cudaSuccess) {
+      ++failed;
+      return;
+    }
+    Graph g;
+    capture(cudaStreamPerThread, what, [&] {
+      const m3qkv_status st = m3qkv_fused_qkv(&job->args, cudaStreamPerThread);
+      ++captured;
+      while (captured.load() < 2 && failed.load() == 0) std::this_thread::yield();  // both captures open at once
+      return st;
+    }, &g);
+    if (g.get() == nullptr) {
+      ++failed;
+      return;
+    }
+    GraphExec exec;
+    EXPECT_EQ(exec.instantiate(g.get()), cudaSuccess);
+    for (int i = 0; i < kReplays; ++i) EXPECT_EQ(cudaGraphLaunch(exec.get(), cudaStreamPerThread), cudaSuccess);
+    EXPECT_EQ(cudaStreamSynchronize(cudaStreamPerThread), cudaSuccess) << what;
+  };
+  std::thread ta(body, &a, "M 1 on cudaStreamPerThread");
+  std::thread tb(body, &b, "M 1024 on cudaStreamPerThread");
+  ta.join();
+  tb.join();
+  ASSERT_EQ(failed.load(), 0);
+  ASSERT_NO_FATAL_FAILURE(check_outputs(a, nullptr, a.expected(0, 0), "M 1 after 1,000 concurrent replays"));
+  ASSERT_NO_FATAL_FAILURE(check_outputs(b, nullptr, b.expected(1, 0x100u), "M 1024 after 1,000 concurrent replays"));
+}
+
 INSTANTIATE_TEST_SUITE_P(, GpuStreams, ::testing::ValuesIn(kStreamCases),
                          [](const ::testing::TestParamInfo<StreamCase>& i) { return stream_case_name(i.param); });
 
