@@ -567,13 +567,15 @@ m3qkv_status m3qkv_warmup(int device) {
     m3qkv_backend_kind fused = M3QKV_BACKEND_NONE;
     M3QKV_TRY(fused_choice(fn, facts, &fused));
     if (fused == M3QKV_BACKEND_NONE) return no_portable(fn, facts);
-    // Relaxed for this thread, so that its allocations never break a capture
-    // another thread has open in global mode (docs/contract.md §7).
-    host::RelaxedCaptureMode relaxed(host::cuda_unresolved());
-    M3QKV_CUDA_TRY(fn, relaxed.error());
     host::ContextScope scope;
     DeviceInfo d;
     M3QKV_TRY(host::enter_primary(fn, device, &scope, &d));
+    // Relaxed for this thread, so that its allocations never break a capture
+    // another thread has open in global mode (docs/contract.md §6). After the
+    // context is entered: a runtime call on a thread without one would make
+    // the primary context current and leave it so.
+    host::RelaxedCaptureMode relaxed(host::cuda_unresolved());
+    M3QKV_CUDA_TRY(fn, relaxed.error());
 #if M3QKV_WITH_PORTABLE
     if (portable_runs_on(d)) M3QKV_TRY(portable_warmup(d));
 #endif
@@ -617,15 +619,15 @@ m3qkv_status m3qkv_selftest(int device, m3qkv_selftest_report* report) {
     m3qkv_status st = query_device(device, &facts, fn);
     if (st != M3QKV_SUCCESS) return stopped(st);
     if (fused_backend_for(facts) == M3QKV_BACKEND_NONE) return stopped(no_portable(fn, facts));
+    host::ContextScope scope;
+    DeviceInfo d;
+    st = host::enter_primary(fn, device, &scope, &d);
+    if (st != M3QKV_SUCCESS) return stopped(st);
     // As the warmup: this thread's cudaMalloc / cudaFree must not break a
     // capture another thread has open in global mode.
     host::RelaxedCaptureMode relaxed(host::cuda_unresolved());
     if (relaxed.error() != cudaSuccess)
       return stopped(cuda_fail(fn, "cudaThreadExchangeStreamCaptureMode", relaxed.error()));
-    host::ContextScope scope;
-    DeviceInfo d;
-    st = host::enter_primary(fn, device, &scope, &d);
-    if (st != M3QKV_SUCCESS) return stopped(st);
     st = selftest::run(fn, d, selftest_request(d, M3QKV_BACKEND_NONE), &selftest_launch, &r);
     return give(st, r);
   });

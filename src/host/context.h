@@ -38,6 +38,7 @@ struct Workspace {
   void* ptr = nullptr;
   size_t bytes = 0;
   std::vector<void*> outgrown;
+  cudaEvent_t fence = nullptr;  // a stream's: recorded after each launch that used it (WorkspaceLease)
   std::atomic<unsigned long long> last_use{0};  // the context's workspace tick at its last lookup (LRU)
 };
 

@@ -21,6 +21,10 @@ cudaError_t rt_capture_info(cudaStream_t s, cudaStreamCaptureStatus* st, unsigne
   return cudaStreamGetCaptureInfo(s, st, id, g);
 }
 cudaError_t rt_malloc_async(void** p, size_t bytes, cudaStream_t s) { return cudaMallocAsync(p, bytes, s); }
+cudaError_t rt_event_record(cudaEvent_t e, cudaStream_t s) { return cudaEventRecord(e, s); }
+cudaError_t rt_stream_wait_event(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+  return cudaStreamWaitEvent(s, e, flags);
+}
 cudaError_t rt_user_object_release(cudaUserObject_t o, unsigned n) { return cudaUserObjectRelease(o, n); }
 cudaError_t rt_graph_retain_user_object(cudaGraph_t g, cudaUserObject_t o, unsigned n, unsigned flags) {
   return cudaGraphRetainUserObject(g, o, n, flags);
@@ -34,7 +38,8 @@ cudaError_t rt_occupancy(int* blocks, const void* kernel, int threads, size_t sm
 const Cuda g_runtime_only = {
     &cudaGetLastError, &cudaGetDeviceCount, &cudaGetDevice, &cudaSetDevice, &cudaDeviceGetAttribute,
     &cudaDriverGetVersion, &cudaStreamGetId, &rt_capture_info, &rt_malloc, &cudaFree, &rt_malloc_async,
-    &cudaFreeAsync, &cudaUserObjectCreate, &rt_user_object_release, &rt_graph_retain_user_object, &rt_memset_async,
+    &cudaFreeAsync, &cudaEventCreateWithFlags, &rt_event_record, &cudaEventDestroy, &rt_stream_wait_event,
+    &cudaUserObjectCreate, &rt_user_object_release, &rt_graph_retain_user_object, &rt_memset_async,
     &rt_memcpy_async, &cudaStreamCreateWithFlags, &cudaStreamSynchronize, &cudaStreamDestroy,
     &cudaThreadExchangeStreamCaptureMode, &rt_occupancy,
     false, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr,

@@ -32,6 +32,11 @@ struct Cuda {
   cudaError_t (*free)(void*);
   cudaError_t (*malloc_async)(void**, size_t, cudaStream_t);  // the device's current mempool, stream-ordered
   cudaError_t (*free_async)(void*, cudaStream_t);
+  // A stream workspace's fence: recorded after each launch that uses it.
+  cudaError_t (*event_create)(cudaEvent_t*, unsigned);
+  cudaError_t (*event_record)(cudaEvent_t, cudaStream_t);
+  cudaError_t (*event_destroy)(cudaEvent_t);
+  cudaError_t (*stream_wait_event)(cudaStream_t, cudaEvent_t, unsigned);
   // A capture workspace's lifetime is its graph's (workspace.cpp): a user
   // object the graph owns, whose destructor (no CUDA calls) queues the free.
   cudaError_t (*user_object_create)(cudaUserObject_t*, void*, cudaHostFn_t, unsigned, unsigned);

@@ -82,62 +82,76 @@ m3qkv_status tie_to_graph(const Cuda& c, ContextState& st, unsigned long long ke
   return M3QKV_SUCCESS;
 }
 
-// cudaMalloc of `bytes`, then the zeroing of its head (workspace.h says
-// where and why). Capture mode relaxed by the caller.
+// The zero stream of the context (m3qkv's own, non-blocking), made on first use.
+cudaError_t zero_stream(const Cuda& c, ContextState& st, cudaStream_t* out) {
+  cudaError_t e = cudaSuccess;
+  if (st.zero_stream == nullptr) e = c.stream_create_with_flags(&st.zero_stream, cudaStreamNonBlocking);
+  *out = st.zero_stream;
+  return e;
+}
+
+// `bytes` from the device's memory pool, then the zeroing of its head
+// (workspace.h says where and why): a stream's on that stream, a capture's on
+// the zero stream, waited for. Capture mode relaxed by the caller.
 m3qkv_status allocate(const Cuda& c, ContextState& st, cudaStream_t stream, bool capture, size_t bytes, void** out) {
   static ReleaseAtExit release;
+  cudaStream_t on = stream;
+  cudaError_t e = capture ? zero_stream(c, st, &on) : cudaSuccess;
   void* p = nullptr;
-  cudaError_t e = c.malloc(&p, bytes);
+  if (e == cudaSuccess) e = c.malloc_async(&p, bytes, on);
   const size_t zero = bytes < kWorkspaceZeroBytes ? bytes : kWorkspaceZeroBytes;
-  if (e == cudaSuccess && !capture) {
-    e = c.memset_async(p, 0, zero, stream);  // stream-ordered: no host wait
-  } else if (e == cudaSuccess) {
-    if (st.zero_stream == nullptr) e = c.stream_create_with_flags(&st.zero_stream, cudaStreamNonBlocking);
-    if (e == cudaSuccess) e = c.memset_async(p, 0, zero, st.zero_stream);
-    if (e == cudaSuccess) e = c.stream_synchronize(st.zero_stream);
-  }
+  if (e == cudaSuccess) e = c.memset_async(p, 0, zero, on);  // stream-ordered: no host wait
+  if (e == cudaSuccess && capture) e = c.stream_synchronize(on);
   if (e != cudaSuccess) {
-    if (p != nullptr) (void)c.free(p);
-    return cuda_fail(kFn, "cudaMalloc / cudaMemsetAsync of the workspace", e);
+    if (p != nullptr) (void)c.free_async(p, on);
+    return cuda_fail(kFn, "cudaMallocAsync / cudaMemsetAsync of the workspace", e);
   }
   *out = p;
   return M3QKV_SUCCESS;
 }
 
-// Frees one workspace's buffers and forgets it (lock held exclusively).
-// cudaFree waits for the device work that may still read them.
-cudaError_t drop(const Cuda& c, ContextState& st, unsigned long long key) {
+// Frees one workspace's buffers on stream `on` and forgets it (lock held
+// exclusively). A stream's waits for its fence first: `on` may be another
+// stream than the one that used it.
+cudaError_t drop(const Cuda& c, ContextState& st, unsigned long long key, cudaStream_t on) {
   const auto it = st.workspaces.find(key);
   if (it == st.workspaces.end()) return cudaSuccess;
-  cudaError_t first = it->second.ptr != nullptr ? c.free(it->second.ptr) : cudaSuccess;
-  for (void* p : it->second.outgrown) {
-    const cudaError_t e = c.free(p);
+  Workspace& ws = it->second;
+  cudaError_t first = ws.fence != nullptr ? c.stream_wait_event(on, ws.fence, 0) : cudaSuccess;
+  const auto note = [&](cudaError_t e) {
     if (first == cudaSuccess) first = e;
-  }
-  if (!is_capture_key(key)) st.stream_bytes -= it->second.bytes;
+  };
+  if (ws.ptr != nullptr) note(c.free_async(ws.ptr, on));
+  for (void* p : ws.outgrown) note(c.free_async(p, on));
+  if (ws.fence != nullptr) note(c.event_destroy(ws.fence));  // released once it completes
+  if (!is_capture_key(key)) st.stream_bytes -= ws.bytes;
   st.workspaces.erase(it);
   st.workspace_epoch.fetch_add(1, std::memory_order_release);
   return first;
 }
 
-// The capture workspaces whose graphs are gone (lock held exclusively).
+// The capture workspaces whose graphs are gone (lock held exclusively), on
+// the zero stream: no launch of theirs is left.
 cudaError_t drop_dead_captures(const Cuda& c, ContextState& st) {
   std::vector<unsigned long long> dead;
   {
     std::lock_guard<std::mutex> lock(st.dead_mu);
     dead.swap(st.dead_captures);
   }
-  cudaError_t first = cudaSuccess;
+  if (dead.empty()) return cudaSuccess;
+  cudaStream_t on = nullptr;
+  cudaError_t first = zero_stream(c, st, &on);
   for (unsigned long long key : dead) {
-    const cudaError_t e = drop(c, st, key);
+    const cudaError_t e = first == cudaSuccess ? drop(c, st, key, on) : cudaSuccess;
     if (first == cudaSuccess) first = e;
   }
   return first;
 }
 
-// The least recently used stream workspaces other than `keep`, freed while
-// the context holds more than the bounds (lock held exclusively).
-cudaError_t trim_streams(const Cuda& c, ContextState& st, unsigned long long keep) {
+// The least recently used stream workspaces other than `keep`, freed on the
+// calling stream `on` while the context holds more than the bounds (lock
+// held exclusively).
+cudaError_t trim_streams(const Cuda& c, ContextState& st, unsigned long long keep, cudaStream_t on) {
   cudaError_t first = cudaSuccess;
   for (;;) {
     int streams = 0;
@@ -150,7 +164,7 @@ cudaError_t trim_streams(const Cuda& c, ContextState& st, unsigned long long kee
     }
     if ((streams <= kMaxStreamWorkspaces && st.stream_bytes <= kStreamWorkspaceBudget) || lru_use == ~0ull)
       return first;
-    const cudaError_t e = drop(c, st, lru);
+    const cudaError_t e = drop(c, st, lru, on);
     if (first == cudaSuccess) first = e;
   }
 }
@@ -179,12 +193,12 @@ m3qkv_status prepare(const Cuda& c, ContextState& st, cudaStream_t stream, const
       if (capture) {
         ws.outgrown.push_back(ws.ptr);  // nodes captured earlier use it
       } else {
-        const cudaError_t e = c.free(ws.ptr);  // waits for the launches that used it
+        const cudaError_t e = c.free_async(ws.ptr, stream);  // after the launches on it that used it
         st.stream_bytes -= ws.bytes;
         st.workspace_epoch.fetch_add(1, std::memory_order_release);
         if (e != cudaSuccess) {
           ws.ptr = nullptr, ws.bytes = 0;
-          return cuda_fail(kFn, "cudaFree of an outgrown workspace", e);
+          return cuda_fail(kFn, "cudaFreeAsync of an outgrown workspace", e);
         }
       }
       ws.ptr = nullptr, ws.bytes = 0;
@@ -195,18 +209,23 @@ m3qkv_status prepare(const Cuda& c, ContextState& st, cudaStream_t stream, const
     ws.bytes = want;
     if (!capture) st.stream_bytes += want;
   }
+  if (!capture && ws.fence == nullptr)
+    M3QKV_CUDA_TRY(kFn, c.event_create(&ws.fence, cudaEventDisableTiming));
   ws.last_use.store(st.workspace_tick.fetch_add(1, std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-  if (!capture) M3QKV_CUDA_TRY(kFn, trim_streams(c, st, k.key));
+  if (!capture) M3QKV_CUDA_TRY(kFn, trim_streams(c, st, k.key, stream));
   return M3QKV_SUCCESS;
 }
 
 }  // namespace
 
 WorkspaceLease::~WorkspaceLease() {
-  // Stream-ordered after the launch; an error here has no call to report to
-  // (the pool reclaims the block at the next synchronization regardless).
-  if (body_ != nullptr && cuda_unresolved().free_async(body_, body_stream_) != cudaSuccess)
-    (void)cuda_unresolved().get_last_error();
+  // Both stream-ordered after the launch, before the lock is let go. An
+  // error here has no call left to report to; the next call on the stream
+  // meets a broken stream anyway.
+  const Cuda& c = cuda_unresolved();
+  bool failed = fence_ != nullptr && c.event_record(fence_, stream_) != cudaSuccess;
+  failed = (body_ != nullptr && c.free_async(body_, stream_) != cudaSuccess) || failed;
+  if (failed) (void)c.get_last_error();
 }
 
 m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out,
@@ -227,6 +246,8 @@ m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
         t.epoch == st.workspace_epoch.load(std::memory_order_acquire)) {
       t.entry->last_use.store(st.workspace_tick.fetch_add(1, std::memory_order_relaxed) + 1,
                               std::memory_order_relaxed);
+      lease->stream_ = stream;
+      lease->fence_ = t.entry->fence;  // null for a capture's
       *out = t.ptr;
       return M3QKV_SUCCESS;
     }
@@ -254,7 +275,6 @@ m3qkv_status launch_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
   void* p = nullptr;
   M3QKV_CUDA_TRY(kFn, c.malloc_async(&p, body_bytes, stream));
   lease->body_ = p;
-  lease->body_stream_ = stream;
   *body = p;
   return M3QKV_SUCCESS;
 }
@@ -274,10 +294,12 @@ m3qkv_status release_stream_workspace(const char* fn, const DeviceInfo& dev, cud
   RelaxedCaptureMode relaxed(c);
   M3QKV_CUDA_TRY(fn, relaxed.error());
   std::unique_lock<std::shared_mutex> excl(st.workspace_mu);
-  cudaError_t e = drop(c, st, k.key);
+  cudaStream_t on = stream;  // a stream's own work is done (the caller says so)
+  cudaError_t e = is_capture_key(k.key) ? zero_stream(c, st, &on) : cudaSuccess;
+  if (e == cudaSuccess) e = drop(c, st, k.key, on);
   const cudaError_t e2 = is_capture_key(k.key) ? cudaSuccess : drop_dead_captures(c, st);
   if (e == cudaSuccess) e = e2;
-  if (e != cudaSuccess) return cuda_fail(kFn, "cudaFree of a stream workspace", e);
+  if (e != cudaSuccess) return cuda_fail(kFn, "cudaFreeAsync of a stream workspace", e);
   return M3QKV_SUCCESS;
 }
 
@@ -298,9 +320,10 @@ void release_workspaces() {
     ContextState* st = c->ctx_get_id(ctx, &id) == CUDA_SUCCESS ? find_context(id) : nullptr;
     if (st != nullptr && c->ctx_push_current(ctx) == CUDA_SUCCESS) {
       std::unique_lock<std::shared_mutex> excl(st->workspace_mu);
-      for (auto& kv : st->workspaces) {
+      for (auto& kv : st->workspaces) {  // cudaFree: waits for what may still run
         if (kv.second.ptr != nullptr) (void)c->free(kv.second.ptr);
         for (void* p : kv.second.outgrown) (void)c->free(p);
+        if (kv.second.fence != nullptr) (void)c->event_destroy(kv.second.fence);
       }
       if (st->zero_stream != nullptr) (void)c->stream_destroy(st->zero_stream);
       st->workspaces.clear();

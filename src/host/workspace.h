@@ -31,18 +31,21 @@ constexpr size_t kSplitkCounterBytesMax = kGridSyncOffset;
 //    kMaxStreamWorkspaces streams and kStreamWorkspaceBudget bytes per
 //    context; past either, the least recently used other streams' buffers
 //    are freed (a stream that was destroyed is never used again, so a server
-//    that makes a stream per request keeps at most the budget). Outgrown
-//    buffers are freed at once. cudaFree waits for the device work that
-//    may still use the buffer (it synchronizes with the context: the PyTorch
-//    caching allocator relies on the same), and no other call is between its
-//    lookup and its launch then (WorkspaceLease).
+//    that makes a stream per request keeps at most the budget). Nothing in a
+//    launch path waits on the host: buffers come from the device's current
+//    memory pool (cudaMallocAsync) and go back stream-ordered (cudaFreeAsync):
+//    an outgrown one on its own stream, an evicted one on the calling stream
+//    after it waited for the evicted stream's fence (an event recorded after
+//    every launch that used the buffer; its stream may be gone by then).
 //  - A capture's workspace, for calls on a stream that captures a graph:
 //    one per capture sequence (the id of cudaStreamGetCaptureInfo), so graphs
 //    captured by different threads, on cudaStreamPerThread or on a reused
 //    handle, never share one, and any two graphs may be replayed
 //    concurrently. It lives as long as the graph: a user object the graph
-//    owns queues it when the graph and its executable graphs are destroyed,
-//    and the next m3qkv call in the context that is not capturing frees it.
+//    owns queues it when the graph and its executable graphs are destroyed
+//    and their launches are done, and the next m3qkv call in the context that
+//    is not capturing frees it (on m3qkv's own stream). Allocated from the
+//    pool on m3qkv's own stream too (never a node of the graph).
 //  - Launch bodies (launch_workspace: the prefill paths' bf16 copies of x and
 //    w) outside capture: stream-ordered from the device's current memory
 //    pool (cudaMallocAsync / cudaFreeAsync on the call's stream around the
@@ -57,14 +60,16 @@ constexpr size_t kSplitkCounterBytesMax = kGridSyncOffset;
 // captured in the graph would run on every replay).
 // Allocations and frees run with the thread's capture mode relaxed
 // (RelaxedCaptureMode), so they are legal while any stream captures.
-// Thread-safe; a warm call takes the context's lock shared, one atomic tick
-// and two CUDA queries (cudaStreamGetCaptureInfo, cudaStreamGetId).
+// Thread-safe; a warm call takes the context's lock shared, one atomic tick,
+// two CUDA queries (cudaStreamGetCaptureInfo, cudaStreamGetId) and, outside
+// capture, one cudaEventRecord.
 constexpr int kMaxStreamWorkspaces = 64;
 constexpr size_t kStreamWorkspaceBudget = size_t{256} << 20;
 
 // Held from a workspace lookup through the launch that uses it: the context's
-// workspace lock shared (no buffer handed out is freed meanwhile) and the
-// launch body to give back (cudaFreeAsync on the stream) when it ends.
+// workspace lock shared (no buffer handed out is freed meanwhile); when it
+// ends, the stream workspace's fence is recorded on the stream (after the
+// launch) and the launch body given back (cudaFreeAsync on the stream).
 class WorkspaceLease {
  public:
   WorkspaceLease() = default;
@@ -76,8 +81,9 @@ class WorkspaceLease {
   friend m3qkv_status stream_workspace(const DeviceInfo&, cudaStream_t, size_t, void**, WorkspaceLease*);
   friend m3qkv_status launch_workspace(const DeviceInfo&, cudaStream_t, size_t, void**, void**, WorkspaceLease*);
   std::shared_lock<std::shared_mutex> lock_;
-  void* body_ = nullptr;
-  cudaStream_t body_stream_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t fence_ = nullptr;  // recorded on stream_ when the lease ends
+  void* body_ = nullptr;         // freed on stream_ when the lease ends
 };
 
 // *out = at least `bytes` bytes of the workspace of (dev.context, stream):

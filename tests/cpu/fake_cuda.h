@@ -110,6 +110,9 @@ struct FakeCuda {
   // destructor and its argument; fake_destroy_graphs runs and clears them.
   std::vector<std::pair<cudaHostFn_t, void*>> user_objects;
   std::vector<std::pair<void*, cudaStream_t>> async_mallocs, async_frees;
+  int events_created = 0, events_destroyed = 0;
+  std::vector<std::pair<cudaEvent_t, cudaStream_t>> event_records;
+  std::vector<std::pair<cudaStream_t, cudaEvent_t>> event_waits;
   std::vector<cudaStreamCaptureMode> capture_modes;  // modes passed to exchange_capture_mode
   int streams_created = 0;
   int streams_destroyed = 0;
@@ -403,6 +406,34 @@ cudaError_t f_free_async(void* p, cudaStream_t s) {
   f.frees.push_back(p);
   return cudaSuccess;
 }
+cudaError_t f_event_create(cudaEvent_t* e, unsigned) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  *e = reinterpret_cast<cudaEvent_t>(uintptr_t{0xE0000} + 16 * ++f.events_created);
+  return cudaSuccess;
+}
+cudaError_t f_event_record(cudaEvent_t e, cudaStream_t s) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.event_records.emplace_back(e, s);
+  return cudaSuccess;
+}
+cudaError_t f_event_destroy(cudaEvent_t) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.events_destroyed++;
+  return cudaSuccess;
+}
+cudaError_t f_stream_wait_event(cudaStream_t s, cudaEvent_t e, unsigned) {
+  auto& f = fake_cuda();
+  f.calls++;
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.event_waits.emplace_back(s, e);
+  return cudaSuccess;
+}
 cudaError_t f_user_object_create(cudaUserObject_t* o, void* ptr, cudaHostFn_t destroy, unsigned refs, unsigned) {
   auto& f = fake_cuda();
   f.calls++;
@@ -494,6 +525,10 @@ m3qkv::host::Cuda make_fake_table() {
   t.free = &f_free;
   t.malloc_async = &f_malloc_async;
   t.free_async = &f_free_async;
+  t.event_create = &f_event_create;
+  t.event_record = &f_event_record;
+  t.event_destroy = &f_event_destroy;
+  t.stream_wait_event = &f_stream_wait_event;
   t.user_object_create = &f_user_object_create;
   t.user_object_release = &f_user_object_release;
   t.graph_retain_user_object = &f_graph_retain_user_object;
@@ -553,6 +588,9 @@ void reset_fake_cuda() {
     f.user_objects.clear();
     f.async_mallocs.clear();
     f.async_frees.clear();
+    f.events_created = f.events_destroyed = 0;
+    f.event_records.clear();
+    f.event_waits.clear();
     f.allocations.clear();
     f.capture_modes.clear();
     f.occupancy_smem_per_sm = 228 << 10;

@@ -188,7 +188,8 @@ TEST_F(HostContext, WorkspaceIsZeroedOnceAndReused) {
   EXPECT_EQ(workspace(d, s, 10), p);
   EXPECT_EQ(fake_cuda().mallocs.size(), 1u);
   EXPECT_EQ(fake_cuda().memsets.size(), 1u);
-  EXPECT_EQ(fake_cuda().calls.load() - calls, 4) << "a warm workspace costs two stream queries per call";
+  EXPECT_EQ(fake_cuda().calls.load() - calls, 6)
+      << "a warm workspace costs two stream queries and the fence's record per call";
 }
 
 // The split-K decode launchers' view of the workspace: nothing for an
@@ -408,6 +409,11 @@ TEST_F(HostContext, StreamWorkspacesAreBoundedLeastRecentlyUsedFirst) {
   for (size_t i = churn.size() - (host::kMaxStreamWorkspaces - 1); i < churn.size(); ++i)
     EXPECT_FALSE(freed(churn[i])) << "a recent stream was freed before an older one: " << i;
   EXPECT_FALSE(freed(hot_ws));
+  // Each eviction is ordered after the evicted stream's fence, on the calling stream.
+  EXPECT_EQ(fake_cuda().event_waits.size(), churn.size() - (host::kMaxStreamWorkspaces - 1));
+  EXPECT_EQ(fake_cuda().async_frees.size(), fake_cuda().event_waits.size());
+  for (size_t i = 0; i < fake_cuda().async_frees.size(); ++i)
+    EXPECT_EQ(fake_cuda().async_frees[i].second, fake_cuda().event_waits[i].first) << "freed before the wait: " << i;
   // The byte budget: streams of a third of it each.
   const size_t third = host::kStreamWorkspaceBudget / 3 - (size_t{1} << 20);
   void* w[4];
@@ -451,21 +457,27 @@ TEST_F(HostContext, LaunchWorkspaceBodyIsStreamOrderedOutsideCapture) {
     host::WorkspaceLease lease;
     ASSERT_EQ(host::launch_workspace(d, s, size_t{80} << 20, &head, &body, &lease), M3QKV_SUCCESS)
         << m3qkv_last_error();
-    ASSERT_EQ(fake_cuda().async_mallocs.size(), 1u);
-    EXPECT_EQ(fake_cuda().async_mallocs[0], std::make_pair(body, s));
+    ASSERT_EQ(fake_cuda().async_mallocs.size(), 2u) << "the head and the body";
+    EXPECT_EQ(fake_cuda().async_mallocs[1], std::make_pair(body, s));
     EXPECT_TRUE(fake_cuda().async_frees.empty()) << "the body was given back before the launch";
+    EXPECT_TRUE(fake_cuda().event_records.empty()) << "the fence was recorded before the launch";
     EXPECT_LE(d.context->stream_bytes, 2 * host::kWorkspaceZeroBytes) << "the body was kept in the stream workspace";
   }
   ASSERT_EQ(fake_cuda().async_frees.size(), 1u);
   EXPECT_EQ(fake_cuda().async_frees[0], std::make_pair(body, s));
+  ASSERT_EQ(fake_cuda().event_records.size(), 1u) << "the head's fence was not recorded after the launch";
+  EXPECT_EQ(fake_cuda().event_records[0].second, s);
   EXPECT_EQ(workspace(d, s, 256), head);
+  const size_t before_capture = fake_cuda().async_mallocs.size();
   fake_begin_capture(s);
   {
     host::WorkspaceLease lease;
     ASSERT_EQ(host::launch_workspace(d, s, 4096, &head, &body, &lease), M3QKV_SUCCESS) << m3qkv_last_error();
     EXPECT_EQ(static_cast<uint8_t*>(body), static_cast<uint8_t*>(head) + host::kWorkspaceZeroBytes);
   }
-  EXPECT_EQ(fake_cuda().async_mallocs.size(), 1u) << "a stream-ordered allocation during capture (a graph node)";
+  for (size_t i = before_capture; i < fake_cuda().async_mallocs.size(); ++i)
+    EXPECT_NE(fake_cuda().async_mallocs[i].second, s) << "a stream-ordered allocation on the capturing stream (a node of the graph)";
+  EXPECT_EQ(fake_cuda().event_records.size(), 2u) << "a fence recorded into the graph";  // 2: the workspace() call
 }
 
 // A stream's workspace is freed by release_stream_workspace; another

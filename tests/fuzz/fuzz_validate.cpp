@@ -93,6 +93,10 @@ m3qkv::host::Cuda make_poison_table() {
   M3QKV_TRAP(free);
   M3QKV_TRAP(malloc_async);
   M3QKV_TRAP(free_async);
+  M3QKV_TRAP(event_create);
+  M3QKV_TRAP(event_record);
+  M3QKV_TRAP(event_destroy);
+  M3QKV_TRAP(stream_wait_event);
   M3QKV_TRAP(user_object_create);
   M3QKV_TRAP(user_object_release);
   M3QKV_TRAP(graph_retain_user_object);

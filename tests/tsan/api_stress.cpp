@@ -129,6 +129,10 @@ m3qkv::host::Cuda make_stress_table() {
   t.free = &Counted<&f_free>::call;
   t.malloc_async = &Counted<&f_malloc_async>::call;
   t.free_async = &Counted<&f_free_async>::call;
+  t.event_create = &Counted<&f_event_create>::call;
+  t.event_record = &Counted<&f_event_record>::call;
+  t.event_destroy = &Counted<&f_event_destroy>::call;
+  t.stream_wait_event = &Counted<&f_stream_wait_event>::call;
   t.user_object_create = &Counted<&f_user_object_create>::call;
   t.user_object_release = &Counted<&f_user_object_release>::call;
   t.graph_retain_user_object = &Counted<&f_graph_retain_user_object>::call;
