@@ -11,9 +11,8 @@ and kernel when the C++ library is not used (the ctypes kernels, which say
 so once with an M3qkvTorchOpsFallbackWarning naming the reason).
 
 Environment:
-  M3QKV_TORCH_OPS          unset (default): the ctypes kernels, silently: the C++
-                           ops are opt-in until their CUDA kernels have run on a GPU;
-                           auto: the C++ ops when usable, else ctypes (with a warning);
+  M3QKV_TORCH_OPS          auto (default, also when unset): the C++ ops when usable,
+                           else the ctypes kernels with one warning saying why;
                            cpp: the C++ ops or ImportError; ctypes: never the C++ ops
   M3QKV_TORCH_OPS_LIBRARY  the libm3qkv_torch_ops.so to use (default: the one
                            installed next to this module)
@@ -38,9 +37,7 @@ class M3qkvTorchOpsFallbackWarning(UserWarning):
 
 
 def _mode() -> str:
-    mode = os.environ.get("M3QKV_TORCH_OPS", "").strip().lower() or "default"
-    if mode == "default":
-        return mode
+    mode = os.environ.get("M3QKV_TORCH_OPS", "").strip().lower() or "auto"
     if mode not in MODES:
         raise ImportError(f"m3qkv: M3QKV_TORCH_OPS={os.environ['M3QKV_TORCH_OPS']!r}: use one of {', '.join(MODES)}")
     return mode
@@ -123,9 +120,6 @@ def load(schemas: dict, ops) -> dict:
     docstring). -> {"impl": "c++" | "ctypes", "library": path | None,
     "reason": why ctypes | None, "ops": the op names the C++ library defines}."""
     mode = _mode()
-    if mode == "default":
-        return {"impl": "ctypes", "library": None, "ops": (),
-                "reason": "the default (the C++ ops are opt-in: M3QKV_TORCH_OPS=auto or cpp)"}
     if mode == "ctypes":
         path, reason = None, "M3QKV_TORCH_OPS=ctypes"
     else:
