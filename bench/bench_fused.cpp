@@ -16,6 +16,7 @@
 //   cublaslt_fp8         cuBLASLt e4m3 GEMM, per-tensor scales, → bf16
 //   cublaslt_fp8+insert  the same, then m3qkv's insert on its output
 //   fused_<backend>_xbf16_fp8 the fused kernel, FP8 caches, bf16 activations (x_bf16)
+//   fused_<backend>_invariant_fp8 the fused kernel, FP8 caches, batch_invariant = 1
 //   fused_<backend>_<fmt> the fused kernel writing FP8 or BF16 caches (fmt = fp8,
 //                        bf16: KV and index cache in that format, vLLM flash KV
 //                        layout [num_blocks, 128, nkv, 128] as two tensors)
@@ -840,6 +841,23 @@ void bench_fused_xbf16(benchmark::State& state, m3qkv_backend_kind backend) {
   });
 }
 
+// fused_<backend>_invariant_fp8: FP8 caches, MXFP8 activations, batch_invariant
+// = 1 (one K order at every M: no split-K).
+void bench_fused_invariant(benchmark::State& state, m3qkv_backend_kind backend) {
+  const Heads& h = arg_heads(state);
+  const int64_t m = state.range(1);
+  M3Sets* s = m3_sets(h, m);
+  if (!s) return skip_setup(state);
+  std::vector<m3qkv_fused_args> args;
+  for (const auto& set : s->sets) {
+    args.push_back(set.fused_fmt[M3QKV_CACHE_FP8]);
+    args.back().batch_invariant = 1;
+  }
+  timed_loop(state, int(args.size()), fused_bytes(h, m, M3QKV_CACHE_FP8), flops(h, m), 0.0, [&](int i) {
+    return m3err(m3qkv_testing_fused_qkv(&args[size_t(i)], nullptr, backend, dev().stream));
+  });
+}
+
 // Device-to-device copy bandwidth of this run (bytes read + written per second);
 // 0 until copy_d2d ran.
 double g_copy_bw = 0.0;
@@ -1319,6 +1337,8 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
             [autok, f](benchmark::State& st) { bench_fused_fmt(st, autok, f); });
       add(std::string("fused_") + backend_tag(autok) + "_xbf16_fp8", h, m,
           [autok](benchmark::State& st) { bench_fused_xbf16(st, autok); });
+      add(std::string("fused_") + backend_tag(autok) + "_invariant_fp8", h, m,
+          [autok](benchmark::State& st) { bench_fused_invariant(st, autok); });
       for (int f = 0; f < kFormats; ++f) {
         add(std::string("insert_") + kFormatNames[f], h, m, [f](benchmark::State& st) { bench_insert(st, f); });
         if (m > 4096) continue;  // the forced layouts where the plan's choice is read off

@@ -250,6 +250,14 @@ typedef struct m3qkv_fused_args {
      the weight's e8m0 scale e from wsf; xq and xsf must then be NULL. Backends:
      portable and sm90; sm100 refuses it (M3QKV_ERROR_INVALID_ARGUMENT). */
   const void* x_bf16;  /* bf16 [M, K] row-major, 16-B aligned; exactly one of x_bf16 and (xq, xsf) given */
+
+  /* ---- batch invariance (appended in 0.3; 0 = off) ----
+     1: a token's outputs are bit-identical whatever M, `grid` and the other
+     tokens of the call: every accumulator is summed in one K order fixed by K
+     alone (sm90: the swap-AB kernel at every M, K not split; portable: always
+     so). sm100 refuses it (M3QKV_ERROR_INVALID_ARGUMENT). Costs speed at small M
+     (no split-K): bench entry fused_sm90_invariant_fp8. */
+  int32_t batch_invariant;
 } m3qkv_fused_args;
 
 /*

@@ -129,6 +129,7 @@ CACHE_FORMAT_FIELDS = [
     ("v_cache", c_void_p), ("kv_token_stride", c_int64), ("kv_head_stride", c_int64),
 ]
 X_BF16_FIELDS = [("x_bf16", c_void_p)]
+BATCH_INVARIANT_FIELDS = [("batch_invariant", c_int32)]  # fused only (0.3)
 GEMM_FIELDS = [
     ("struct_size", c_size_t),
     ("m", c_int64), ("n", c_int64), ("k", c_int64),
@@ -179,7 +180,7 @@ def _struct(name, fields):
 
 
 # The C struct names each mirror stands for (the layout test uses them).
-FusedArgs = _struct("m3qkv_fused_args", FUSED_FIELDS + CACHE_FORMAT_FIELDS + X_BF16_FIELDS)
+FusedArgs = _struct("m3qkv_fused_args", FUSED_FIELDS + CACHE_FORMAT_FIELDS + X_BF16_FIELDS + BATCH_INVARIANT_FIELDS)
 InsertArgs = _struct("m3qkv_insert_args", INSERT_FIELDS + CACHE_FORMAT_FIELDS)
 GemmArgs = _struct("m3qkv_gemm_args", GEMM_FIELDS + X_BF16_FIELDS)
 QuantizeArgs = _struct("m3qkv_quantize_args", QUANTIZE_FIELDS)

@@ -137,7 +137,7 @@ def test_cpu_tensors_are_refused_by_name():
 def test_library_speaks_the_new_structs():
     lib = m3qkv.library()
     assert lib.x_bf16 and lib.cache_formats
-    assert lib.fused_struct_size == ctypes.sizeof(_capi.FusedArgs) == 304
+    assert lib.fused_struct_size == ctypes.sizeof(_capi.FusedArgs) == 312
     assert lib.gemm_struct_size == ctypes.sizeof(_capi.GemmArgs) == 88
     assert _capi.FusedArgs.x_bf16.offset == 296 and _capi.GemmArgs.x_bf16.offset == 80
 
@@ -175,18 +175,18 @@ def test_c_rules_both_neither_misaligned():
 
 
 def test_c_reads_x_bf16_as_null_at_the_0_2_size():
-    """Both operands given: refused at 304 bytes; at 0.2's 296 bytes x_bf16 is
+    """Both operands given: refused at 312 bytes; at 0.2's 296 bytes x_bf16 is
     not read, so the call gets past that rule to the misaligned q_out."""
     a, kw = base("cpu", m=7)
     s = host_struct(a, kw)
     s.x_bf16 = kw["q_out"].data_ptr()
     s.q_out = s.q_out + 2
-    st, msg = c_status(s, 304)
+    st, msg = c_status(s, 312)
     assert st == _capi.ERROR_INVALID_ARGUMENT and "exactly one of x_bf16" in msg
     st, msg = c_status(s, 296)
     assert st == _capi.ERROR_MISALIGNED and "q_out = 0x" in msg, msg
     st, msg = c_status(s, 300)
-    assert st == _capi.ERROR_STRUCT_SIZE and "264 (m3qkv 0.1), 296 (m3qkv 0.2) or 304 (this version)" in msg
+    assert st == _capi.ERROR_STRUCT_SIZE and "264 (m3qkv 0.1), 296 (m3qkv 0.2) or 312 (this version)" in msg
 
 
 def test_c_gemm_rules():

@@ -192,11 +192,18 @@ m3qkv_status choose_fused(const char* fn, const DeviceInfo& d, m3qkv_backend_kin
 // them; SM90 receives them with the rest of the args (its kernels read
 // x_bf16); the SM100 kernel has no bf16-activation mainloop and refuses them
 // by name, before anything is launched.
+// batch_invariant likewise: the SM100 decode kernel splits K by M.
 m3qkv_status check_x_bf16_backend(m3qkv_backend_kind b, const m3qkv_fused_args& a) {
-  if (a.x_bf16 == nullptr || b != M3QKV_BACKEND_SM100) return M3QKV_SUCCESS;
-  return fail(M3QKV_ERROR_INVALID_ARGUMENT,
-              "m3qkv_fused_qkv: x_bf16 (bf16 activations) is not supported by the sm100 backend; pass xq/xsf or use "
-              "M3QKV_BACKEND=sm90/portable");
+  if (b != M3QKV_BACKEND_SM100) return M3QKV_SUCCESS;
+  if (a.x_bf16 != nullptr)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "m3qkv_fused_qkv: x_bf16 (bf16 activations) is not supported by the sm100 backend; pass xq/xsf or use "
+                "M3QKV_BACKEND=sm90/portable");
+  if (a.batch_invariant != 0)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "m3qkv_fused_qkv: batch_invariant = 1 is not supported by the sm100 backend; use "
+                "M3QKV_BACKEND=sm90/portable or batch_invariant = 0");
+  return M3QKV_SUCCESS;
 }
 
 m3qkv_status launch_fused(m3qkv_backend_kind b, const m3qkv_fused_args& a, const DeviceInfo& d, float* acc_tap,

@@ -108,17 +108,17 @@ constexpr size_t kInsertArgsSizeV2 =
     released_size<m3qkv_insert_args>(offsetof(m3qkv_insert_args, kv_head_stride) + sizeof(int64_t));
 constexpr size_t kGemmArgsSizeV2 = kGemmArgsSizeV1;
 constexpr size_t kQuantizeArgsSizeV2 = kQuantizeArgsSizeV1;
-// 0.3 (this header): x_bf16 appended to the fused and gemm structs; their
-// sizeof. The insert and quantize structs are unchanged since 0.2 / 0.1.
+// 0.3 (this header): x_bf16 appended to the fused and gemm structs,
+// batch_invariant to the fused one; their sizeof. The insert and quantize structs are unchanged since 0.2 / 0.1.
 // The released sizes on LP64 (what binaries built against each release pass).
 static_assert(sizeof(void*) != 8 || (kFusedArgsSizeV1 == 264 && kInsertArgsSizeV1 == 232 &&
                                      kGemmArgsSizeV1 == 80 && kQuantizeArgsSizeV1 == 56),
               "a field of a released struct moved");
 static_assert(sizeof(void*) != 8 || (kFusedArgsSizeV2 == 296 && kInsertArgsSizeV2 == 264),
               "a field of a released struct moved");
-static_assert(sizeof(void*) != 8 || (sizeof(m3qkv_fused_args) == 304 && sizeof(m3qkv_gemm_args) == 88 &&
+static_assert(sizeof(void*) != 8 || (sizeof(m3qkv_fused_args) == 312 && sizeof(m3qkv_gemm_args) == 88 &&
                                      sizeof(m3qkv_insert_args) == 264 && sizeof(m3qkv_quantize_args) == 56),
-              "the 0.3 sizes (x_bf16 appended to the fused and gemm structs)");
+              "the 0.3 sizes (x_bf16 appended to the fused and gemm structs, batch_invariant to the fused one)");
 
 // The sizes of A in 0.1, 0.2 and this version, in that order.
 template <class A>
@@ -757,6 +757,7 @@ m3qkv_status validate_fused(const m3qkv_fused_args* args, m3qkv_fused_args* out,
   const GemmOperands g{a->m, n, a->k, a->xq, a->xsf, a->wq, a->wsf, a->x_bf16};
   M3QKV_TRY(check_gemm_sizes(c, g));
   M3QKV_TRY(in_range(c, "cta_group", a->cta_group, 0, 2, "0 (auto), 1 or 2"));
+  M3QKV_TRY(in_range(c, "batch_invariant", a->batch_invariant, 0, 1, "0 (off) or 1"));
   if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
   M3QKV_TRY(check_gemm_pointers(c, g));
   M3QKV_TRY(check_epilogue_pointers(c, e));

@@ -248,6 +248,9 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 }
 
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
+  // Batch invariance: one kernel and one K order at every M (split 1: the
+  // unit of a (head, token block) walks all of K in stage order).
+  if (a.batch_invariant != 0) return sm90_fused_decode(a, dev, acc_tap, s, 1);
   if (sm90_uses_decode(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), activations_bf16(a) != nullptr))
     return sm90_fused_decode(a, dev, acc_tap, s, 0);
   return sm90_fused_variant(a, dev, acc_tap, s, kSm90AutoVariant, 0, 0);

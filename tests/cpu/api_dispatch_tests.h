@@ -262,6 +262,34 @@ TEST_F(DISPATCH_SUITE, XBf16ReachesPortableAndSm90AndSm100RefusesIt) {
   }
 }
 
+// batch_invariant = 1: the portable and SM90 launchers receive it (the SM90
+// launcher then takes the swap-AB kernel unsplit at every M); SM100 refuses
+// it by name and launches nothing.
+TEST_F(DISPATCH_SUITE, BatchInvariantReachesPortableAndSm90AndSm100RefusesIt) {
+  m3qkv_fused_args a = good_fused();
+  a.batch_invariant = 1;
+  for (int d = 0; d < kNumFake; ++d) {
+    SCOPED_TRACE("device " + std::to_string(d));
+    fake_set_current_device(d);
+    for (m3qkv_backend_kind b : {M3QKV_BACKEND_PORTABLE, M3QKV_BACKEND_SM90, M3QKV_BACKEND_SM100}) {
+      if (!can_run(b, d)) continue;
+      SCOPED_TRACE(std::string("force ") + m3qkv_backend_name(b));
+      launch_log().reset();
+      const m3qkv_status st = Under::testing_fused(&a, nullptr, b);
+      if (b == M3QKV_BACKEND_SM100) {
+        EXPECT_EQ(st, M3QKV_ERROR_INVALID_ARGUMENT);
+        EXPECT_EQ(std::string(m3qkv_last_error()),
+                  "m3qkv_fused_qkv: batch_invariant = 1 is not supported by the sm100 backend; use "
+                  "M3QKV_BACKEND=sm90/portable or batch_invariant = 0");
+        EXPECT_TRUE(launch_log().all.empty());
+      } else {
+        ASSERT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
+        EXPECT_EQ(launch_log().all, std::vector<std::string>{fused_launcher(b)});
+      }
+    }
+  }
+}
+
 TEST_F(DISPATCH_SUITE, EmptyOrInvalidCallsNeverTouchTheDevice) {
   const int before = fake_cuda().calls.load();
   m3qkv_fused_args a = good_fused();

@@ -241,8 +241,26 @@ TYPED_TEST(XBf16Validation, OlderStructSizesReadXBf16AsNull) {
   EXPECT_EQ(validate(both), M3QKV_ERROR_INVALID_ARGUMENT);
 }
 
+// batch_invariant (0.3): 0 or 1, anything else refused by name.
+TEST(BatchInvariantField, IsZeroOrOne) {
+  for (int32_t v : {0, 1}) {
+    m3qkv_fused_args a = valid_x_bf16<m3qkv_fused_args>();
+    a.batch_invariant = v;
+    EXPECT_EQ(validate(a), M3QKV_SUCCESS) << v << ": " << m3qkv_last_error();
+  }
+  for (int32_t v : {-1, 2, INT32_MAX}) {
+    m3qkv_fused_args a = valid_x_bf16<m3qkv_fused_args>();
+    a.batch_invariant = v;
+    EXPECT_EQ(validate(a), M3QKV_ERROR_INVALID_ARGUMENT) << v;
+    EXPECT_NE(std::string(m3qkv_last_error()).find("m3qkv_fused_qkv: batch_invariant = " + std::to_string(v)),
+              std::string::npos)
+        << m3qkv_last_error();
+  }
+  EXPECT_EQ(offsetof(m3qkv_fused_args, batch_invariant), 304u);
+}
+
 TEST(XBf16StructSize, TheNewSizesAndTheMessageListingThem) {
-  EXPECT_EQ(sizeof(m3qkv_fused_args), 304u);
+  EXPECT_EQ(sizeof(m3qkv_fused_args), 312u);
   EXPECT_EQ(offsetof(m3qkv_fused_args, x_bf16), 296u);
   EXPECT_EQ(sizeof(m3qkv_gemm_args), 88u);
   EXPECT_EQ(offsetof(m3qkv_gemm_args, x_bf16), 80u);
@@ -251,7 +269,7 @@ TEST(XBf16StructSize, TheNewSizesAndTheMessageListingThem) {
   EXPECT_EQ(m3qkv_fused_qkv(&a, nullptr), M3QKV_ERROR_STRUCT_SIZE);
   EXPECT_STREQ(m3qkv_last_error(),
                "m3qkv_fused_qkv: struct_size = 300 is not the size of a released m3qkv_fused_args: 264 (m3qkv 0.1), "
-               "296 (m3qkv 0.2) or 304 (this version)");
+               "296 (m3qkv 0.2) or 312 (this version)");
   m3qkv_gemm_args g = valid_x_bf16<m3qkv_gemm_args>();
   g.struct_size = 84;
   EXPECT_EQ(m3qkv_mxfp8_gemm(&g, nullptr), M3QKV_ERROR_STRUCT_SIZE);

