@@ -50,17 +50,10 @@ _tf_mode_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: 
 _is_compiling = torch.compiler.is_compiling
 
 
-# With the C++ ops the dispatcher path is the cheaper one (no Python kernel);
-# with the ctypes kernels the module functions skip the dispatcher.
-_CPP_OPS = _ops.TORCH_OPS["impl"] == "c++"
-
-
 def _direct(t) -> bool:
-    """Plain eager call on a plain CUDA tensor with the ctypes kernels: no
-    compiler, no dispatch or torch-function mode (meta, fake and CPU tensors
-    take the dispatcher)."""
-    return (not _CPP_OPS and type(t) is torch.Tensor and t.is_cuda and not _dispatch_stack_len()
-            and not _tf_mode_enabled())
+    """Plain eager call on a plain CUDA tensor: no compiler, no dispatch or
+    torch-function mode (meta, fake and CPU tensors take the dispatcher)."""
+    return type(t) is torch.Tensor and t.is_cuda and not _dispatch_stack_len() and not _tf_mode_enabled()
 
 
 def fused_qkv(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
