@@ -8,6 +8,7 @@
 #include <cstring>
 #include <thread>
 
+#include "common/fold_fp8.h"
 #include "common/layouts.h"
 #include "common/numerics.h"
 
@@ -373,6 +374,36 @@ std::vector<double> w8a16_acc_f64(const uint16_t* x_bf16, const uint8_t* wq, con
   const auto b = mxfp8_decode(wq, wsf, n, k);
   gemm_f64(a, b, m, n, k, [&](int64_t i, int64_t j, double v) { out[size_t(i * n + j)] = v; });
   return out;
+}
+
+void fold_weights_fp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t k, uint8_t* wq_out, uint8_t* scale_out,
+                      FoldStats* stats) {
+  const int64_t kb = k / 32, groups = k / fold::kGroupK;
+  FoldStats st;
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t e[fold::kBlocksPerGroup];
+      for (int b = 0; b < fold::kBlocksPerGroup; ++b) e[b] = wsf[f8_128x4_offset(r, fold::kBlocksPerGroup * g + b, kb)];
+      const uint8_t big = fold::group_exponent(e[0], e[1], e[2], e[3]);
+      scale_out[r * groups + g] = big;
+      double d2 = 0.0, w2 = 0.0;
+      for (int64_t c = g * fold::kGroupK; c < (g + 1) * fold::kGroupK; ++c) {
+        const uint8_t eb = e[(c % fold::kGroupK) / 32];
+        const uint8_t before = wq[r * k + c];
+        const uint8_t after = big == 0xffu ? before : fold::shift_e4m3(before, big - eb);
+        wq_out[r * k + c] = after;
+        if (big == 0xffu) continue;  // a NaN scale: the group is NaN either way
+        const double w = double(e4m3_to_f32(before)) * std::ldexp(1.0, int(eb) - 127);
+        const double w1 = double(e4m3_to_f32(after)) * std::ldexp(1.0, int(big) - 127);
+        if (std::isnan(w) || std::isnan(w1)) continue;
+        if (w1 != w) ++st.changed;
+        d2 += (w1 - w) * (w1 - w);
+        w2 += w * w;
+      }
+      if (w2 > 0.0) st.max_rel_change = std::max(st.max_rel_change, std::sqrt(d2 / w2));
+    }
+  }
+  *stats = st;
 }
 
 void w8a16_acc(const uint16_t* x_bf16, const uint8_t* wq, const uint8_t* wsf, int64_t m, int64_t n, int64_t k,
