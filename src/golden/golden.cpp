@@ -376,8 +376,8 @@ std::vector<double> w8a16_acc_f64(const uint16_t* x_bf16, const uint8_t* wq, con
   return out;
 }
 
-void fold_weights_fp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t k, uint8_t* wq_out, uint8_t* scale_out,
-                      FoldStats* stats) {
+void fold_mxfp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t k, uint8_t* wq_out, uint8_t* scale_out,
+                FoldStats* stats) {
   const int64_t kb = k / 32, groups = k / fold::kGroupK;
   FoldStats st;
   for (int64_t r = 0; r < n; ++r) {
@@ -404,6 +404,24 @@ void fold_weights_fp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t 
     }
   }
   *stats = st;
+}
+
+std::vector<double> folded_acc_f64(const uint8_t* xq, const uint8_t* xs, const uint8_t* wq, const uint8_t* ws, int64_t m,
+                                   int64_t n, int64_t k) {
+  const int64_t groups = k / fold::kGroupK;
+  // Each operand as values times its group's scale, so the f64 GEMM applies both.
+  const auto decode = [&](const uint8_t* q, const uint8_t* s, int64_t rows) {
+    std::vector<double> v(size_t(rows * k));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < k; ++c)
+        v[size_t(r * k + c)] =
+            double(e4m3_to_f32(q[r * k + c])) * double(e8m0_to_f32(s[r * groups + c / fold::kGroupK]));
+    return v;
+  };
+  std::vector<double> out(size_t(m * n));
+  gemm_f64(decode(xq, xs, m), decode(wq, ws, n), m, n, k,
+           [&](int64_t i, int64_t j, double v) { out[size_t(i * n + j)] = v; });
+  return out;
 }
 
 void w8a16_acc(const uint16_t* x_bf16, const uint8_t* wq, const uint8_t* wsf, int64_t m, int64_t n, int64_t k,

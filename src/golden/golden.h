@@ -39,18 +39,22 @@ std::vector<double> mxfp8_acc_f64(const uint8_t* xq, const uint8_t* xsf, const u
 // Decodes one MXFP8 operand to f64 [rows, k] (value = e4m3 · 2^(sf - 127)), exact.
 std::vector<double> mxfp8_decode(const uint8_t* q, const uint8_t* sf, int64_t rows, int64_t k);
 
-// The fp8 fast mode's weight fold (common/fold_fp8.h) of an MXFP8 weight
-// [n, k] (wsf in the F8_128x4 layout, k % 128 == 0): e4m3 values into wq_out
-// [n, k] and one e8m0 byte per (row, 128 K) into scale_out [n, k / 128]
-// (row-major). stats: the elements whose value the fold changed, and the
+// The fp8 fast mode's fold (common/fold_fp8.h) of an MXFP8 matrix [n, k]
+// (weights or activations; wsf in the F8_128x4 layout, k % 128 == 0): e4m3
+// values into wq_out [n, k] and one e8m0 byte per (row, 128 K) into
+// scale_out [n, k / 128] (row-major). stats: the elements whose value the fold changed, and the
 // largest ||w' - w|| / ||w|| of a (row, group) (the bound, relative to
 // ||w||·||x||, of the change of that group's dot product with any x).
 struct FoldStats {
   int64_t changed = 0;
   double max_rel_change = 0.0;
 };
-void fold_weights_fp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t k, uint8_t* wq_out, uint8_t* scale_out,
-                      FoldStats* stats);
+void fold_mxfp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t k, uint8_t* wq_out, uint8_t* scale_out,
+                FoldStats* stats);
+// The accumulator of two folded operands in f64 (no rounding but the fold's):
+// acc[i][j] = Σ_g 2^(sx[i,g] + sw[j,g] − 254) · Σ_{k∈g} x'[i,k]·w'[j,k].
+std::vector<double> folded_acc_f64(const uint8_t* xq, const uint8_t* xs, const uint8_t* wq, const uint8_t* ws, int64_t m,
+                                   int64_t n, int64_t k);
 
 // bf16 activations (W8A16, x_bf16 of m3qkv_fused_args / m3qkv_gemm_args):
 // acc[m][n] = Σ_k float(x_bf16[m,k]) · e4m3(wq[n,k])·2^ew. Every product is
