@@ -193,7 +193,7 @@ m3qkv_status choose_fused(const char* fn, const DeviceInfo& d, m3qkv_backend_kin
 // x_bf16); the SM100 kernel has no bf16-activation mainloop and refuses them
 // by name, before anything is launched.
 // batch_invariant likewise: the SM100 decode kernel splits K by M.
-m3qkv_status check_x_bf16_backend(m3qkv_backend_kind b, const m3qkv_fused_args& a) {
+m3qkv_status check_sm100_refusals(m3qkv_backend_kind b, const m3qkv_fused_args& a) {
   if (b != M3QKV_BACKEND_SM100) return M3QKV_SUCCESS;
   if (a.x_bf16 != nullptr)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
@@ -209,7 +209,7 @@ m3qkv_status check_x_bf16_backend(m3qkv_backend_kind b, const m3qkv_fused_args& 
 m3qkv_status launch_fused(m3qkv_backend_kind b, const m3qkv_fused_args& a, const DeviceInfo& d, float* acc_tap,
                           cudaStream_t s) {
   (void)a, (void)d, (void)acc_tap, (void)s;  // unused when no backend is compiled in
-  M3QKV_TRY(check_x_bf16_backend(b, a));
+  M3QKV_TRY(check_sm100_refusals(b, a));
   m3qkv_status st = M3QKV_ERROR_INTERNAL;
   bool compiled = false;  // choose_fused only returns backends that are compiled in
   switch (b) {

@@ -6,6 +6,14 @@
 #include "host/status.h"
 
 namespace m3qkv::host {
+
+// What the lookups set in a lease.
+struct LeaseAccess {
+  static std::shared_lock<std::shared_mutex>& lock(WorkspaceLease* l) { return l->lock_; }
+  static void hand_out(WorkspaceLease* l, cudaStream_t s, cudaEvent_t fence) { l->stream_ = s, l->fence_ = fence; }
+  static void give_back_after(WorkspaceLease* l, void* body) { l->body_ = body; }
+};
+
 namespace {
 
 constexpr const char* kFn = "m3qkv: stream workspace";
@@ -51,8 +59,11 @@ m3qkv_status stream_key(const Cuda& c, cudaStream_t stream, StreamKey* out) {
   return M3QKV_SUCCESS;
 }
 
-// The user object's destructor (a CUDA thread; no CUDA calls allowed): the
-// graph is gone, so its workspace can be freed by the next call.
+// The user object's destructor (a CUDA thread; no CUDA calls allowed): run
+// when the graph no longer uses the object, i.e. the graph and its
+// executable graphs are destroyed and their launches done (CUDA runtime API,
+// cudaUserObjectCreate; CUDA C++ Programming Guide, "CUDA User Objects"), so
+// its workspace can be freed by the next call.
 struct DeadCapture {
   unsigned long long context = 0, key = 0;
 };
@@ -228,30 +239,30 @@ WorkspaceLease::~WorkspaceLease() {
   if (failed) (void)c.get_last_error();
 }
 
-m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out,
-                              WorkspaceLease* lease) {
+namespace {
+
+// stream_workspace for the stream's key `k` (already queried).
+m3qkv_status workspace_of(const DeviceInfo& dev, cudaStream_t stream, const StreamKey& k, size_t bytes, void** out,
+                          WorkspaceLease* lease) {
   if (dev.context == nullptr) return fail(M3QKV_ERROR_INTERNAL, "%s: DeviceInfo without a context", kFn);
   ContextState& st = *dev.context;
   const Cuda& c = cuda_unresolved();  // enter_* resolved it
-  StreamKey k;
-  M3QKV_TRY(stream_key(c, stream, &k));
   const unsigned long long gen = context_generation();
   // At most a few rounds: another thread can free this workspace only
   // between the slow path and the shared lock, and only when it is the
   // least recently used of more than the bounds allow.
   for (int round = 0; round < 8; ++round) {
-    lease->lock_ = std::shared_lock<std::shared_mutex>(st.workspace_mu);
+    LeaseAccess::lock(lease) = std::shared_lock<std::shared_mutex>(st.workspace_mu);
     const LastWorkspace& t = t_last;
     if (t.generation == gen && t.context == st.id && t.key == k.key && t.bytes >= bytes &&
         t.epoch == st.workspace_epoch.load(std::memory_order_acquire)) {
       t.entry->last_use.store(st.workspace_tick.fetch_add(1, std::memory_order_relaxed) + 1,
                               std::memory_order_relaxed);
-      lease->stream_ = stream;
-      lease->fence_ = t.entry->fence;  // null for a capture's
+      LeaseAccess::hand_out(lease, stream, t.entry->fence);  // the fence is null for a capture's
       *out = t.ptr;
       return M3QKV_SUCCESS;
     }
-    lease->lock_.unlock();
+    LeaseAccess::lock(lease).unlock();
     std::unique_lock<std::shared_mutex> excl(st.workspace_mu);
     M3QKV_TRY(prepare(c, st, stream, k, bytes));
     Workspace& ws = st.workspaces[k.key];
@@ -261,20 +272,29 @@ m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
   return fail(M3QKV_ERROR_INTERNAL, "%s: the workspace was freed by other threads 8 times in a row", kFn);
 }
 
+}  // namespace
+
+m3qkv_status stream_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t bytes, void** out,
+                              WorkspaceLease* lease) {
+  StreamKey k;
+  M3QKV_TRY(stream_key(cuda_unresolved(), stream, &k));
+  return workspace_of(dev, stream, k, bytes, out, lease);
+}
+
 m3qkv_status launch_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t body_bytes, void** head,
                               void** body, WorkspaceLease* lease) {
   const Cuda& c = cuda_unresolved();
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  M3QKV_CUDA_TRY(kFn, c.stream_get_capture_info(stream, &capture, nullptr, nullptr));
-  if (capture != cudaStreamCaptureStatusNone) {
-    M3QKV_TRY(stream_workspace(dev, stream, kWorkspaceZeroBytes + body_bytes, head, lease));
+  StreamKey k;
+  M3QKV_TRY(stream_key(c, stream, &k));
+  if (is_capture_key(k.key)) {
+    M3QKV_TRY(workspace_of(dev, stream, k, kWorkspaceZeroBytes + body_bytes, head, lease));
     *body = static_cast<uint8_t*>(*head) + kWorkspaceZeroBytes;
     return M3QKV_SUCCESS;
   }
-  M3QKV_TRY(stream_workspace(dev, stream, kWorkspaceZeroBytes, head, lease));
+  M3QKV_TRY(workspace_of(dev, stream, k, kWorkspaceZeroBytes, head, lease));
   void* p = nullptr;
   M3QKV_CUDA_TRY(kFn, c.malloc_async(&p, body_bytes, stream));
-  lease->body_ = p;
+  LeaseAccess::give_back_after(lease, p);
   *body = p;
   return M3QKV_SUCCESS;
 }

@@ -78,8 +78,7 @@ class WorkspaceLease {
   WorkspaceLease& operator=(const WorkspaceLease&) = delete;
 
  private:
-  friend m3qkv_status stream_workspace(const DeviceInfo&, cudaStream_t, size_t, void**, WorkspaceLease*);
-  friend m3qkv_status launch_workspace(const DeviceInfo&, cudaStream_t, size_t, void**, void**, WorkspaceLease*);
+  friend struct LeaseAccess;  // workspace.cpp
   std::shared_lock<std::shared_mutex> lock_;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t fence_ = nullptr;  // recorded on stream_ when the lease ends
