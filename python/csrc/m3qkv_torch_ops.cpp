@@ -185,10 +185,19 @@ struct T {
     for (int64_t i = 0; i < ndim; ++i) n *= sz[i];
     return n;
   }
+  // torch's is_contiguous() (c10 compute_contiguous), from the sizes and
+  // strides read above rather than one more shim call per tensor.
   bool contiguous() const {
-    bool c = false;
-    check(aoti_torch_is_contiguous(h, &c), "aoti_torch_is_contiguous");
-    return c;
+    for (int64_t i = 0; i < ndim; ++i)
+      if (sz[i] == 0) return true;
+    int64_t expected = 1;
+    for (int64_t i = ndim - 1; i >= 0; --i) {
+      if (sz[i] != 1) {
+        if (st[i] != expected) return false;
+        expected *= sz[i];
+      }
+    }
+    return true;
   }
   int64_t element_size() const { return dtype == kBF16 ? 2 : dtype == kI32 || dtype == kU32 ? 4 : dtype == kI64 ? 8 : 1; }
   void* ptr() const {
@@ -255,8 +264,12 @@ struct Checker {
       fail(std::string(name) + " must be contiguous, got strides " + t.stride_str() + " for " + t.desc());
     }
   }
-  void shape1(const char* name, const T& t, int64_t n, const std::string& what = "") const {
-    if (!t.shape_is({n})) fail(std::string(name) + " must have shape [" + num(n) + "]" + what + ", got " + t.desc());
+  // `what` (the head count behind n: what_n >= 0) is formatted only on failure.
+  void shape1(const char* name, const T& t, int64_t n, const char* what = "", int64_t what_n = -1) const {
+    if (!t.shape_is({n})) {
+      fail(std::string(name) + " must have shape [" + num(n) + "]" + what + (what_n >= 0 ? num(what_n) + ")" : "") +
+           ", got " + t.desc());
+    }
   }
   void rows(const char* name, const T& t, int64_t m, int64_t width, int32_t d) const {
     tensor(name, t, d);
@@ -417,12 +430,12 @@ void check_epilogue(const Checker& c, int64_t m, const Heads& h, const Epilogue&
   c.shape1("k_norm_weight", e.k_norm_weight, 128);
   if (h.niq) {
     c.tensor("index_q_norm_weight", e.index_q_norm_weight, kBF16);
-    c.shape1("index_q_norm_weight", e.index_q_norm_weight, 128, " (niq = " + num(h.niq) + ")");
+    c.shape1("index_q_norm_weight", e.index_q_norm_weight, 128, " (niq = ", h.niq);
     c.rows("index_q_out", e.index_q_out, m, h.niq * 128, kE4M3);
   }
   if (h.nik) {
     c.tensor("index_k_norm_weight", e.index_k_norm_weight, kBF16);
-    c.shape1("index_k_norm_weight", e.index_k_norm_weight, 128, " (nik = " + num(h.nik) + ")");
+    c.shape1("index_k_norm_weight", e.index_k_norm_weight, 128, " (nik = ", h.nik);
     c.tensor("index_slot_mapping", e.index_slot_mapping, kI64);
     c.shape1("index_slot_mapping", e.index_slot_mapping, m, " (one per token)");
   }

@@ -50,10 +50,19 @@ _tf_mode_enabled = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: 
 _is_compiling = torch.compiler.is_compiling
 
 
+# With the C++ ops the module functions call them (the dispatcher and no
+# Python kernel: the cheaper path); with the ctypes kernels they skip the
+# dispatcher in plain eager calls. Either way a failed C call raises the
+# M3qkvError subclasses (_capi.from_native maps the C++ ops' errors).
+_CPP_OPS = _ops.TORCH_OPS["impl"] == "c++"
+
+
 def _direct(t) -> bool:
-    """Plain eager call on a plain CUDA tensor: no compiler, no dispatch or
-    torch-function mode (meta, fake and CPU tensors take the dispatcher)."""
-    return type(t) is torch.Tensor and t.is_cuda and not _dispatch_stack_len() and not _tf_mode_enabled()
+    """The ctypes fast path: ctypes kernels, and a plain eager call on a plain
+    CUDA tensor (no compiler, no dispatch or torch-function mode; meta, fake
+    and CPU tensors take the dispatcher)."""
+    return (not _CPP_OPS and not _is_compiling() and type(t) is torch.Tensor and t.is_cuda
+            and not _dispatch_stack_len() and not _tf_mode_enabled())
 
 
 def fused_qkv(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
@@ -64,13 +73,15 @@ def fused_qkv(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_
     """The fused op (torch.ops.m3qkv.fused_qkv): writes q_out / q_fp8_out /
     index_q_out and the K/V/index_k cache entries in place, on the current stream.
     Activations: MXFP8 (xq, xsf), or bf16 x_bf16 [M, K] with xq=None, xsf=None."""
-    first = xq if x_bf16 is None else x_bf16
-    f = _ops.fused_qkv_fast if not _is_compiling() and _direct(first) else torch.ops.m3qkv.fused_qkv
-    f(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
-      index_k_norm_weight, eps, slot_mapping=slot_mapping, index_slot_mapping=index_slot_mapping, kv_cache=kv_cache,
-      index_cache=index_cache, index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out, q_fp8_scale=q_fp8_scale,
-      k_scale=k_scale, v_scale=v_scale, cta_group=cta_group, use_pdl=use_pdl, grid=grid, v_cache=v_cache, nq=nq,
-      nkv=nkv, niq=niq, nik=nik, error_flags=error_flags, x_bf16=x_bf16)
+    f = _ops.fused_qkv_fast if _direct(xq if x_bf16 is None else x_bf16) else torch.ops.m3qkv.fused_qkv.default
+    try:
+        f(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
+          index_k_norm_weight, eps, slot_mapping=slot_mapping, index_slot_mapping=index_slot_mapping,
+          kv_cache=kv_cache, index_cache=index_cache, index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out,
+          q_fp8_scale=q_fp8_scale, k_scale=k_scale, v_scale=v_scale, cta_group=cta_group, use_pdl=use_pdl,
+          grid=grid, v_cache=v_cache, nq=nq, nkv=nkv, niq=niq, nik=nik, error_flags=error_flags, x_bf16=x_bf16)
+    except (ValueError, RuntimeError) as e:
+        raise _capi.from_native(e) from None
 
 
 def qknorm_rope_kv_insert(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight,
@@ -79,28 +90,34 @@ def qknorm_rope_kv_insert(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_w
                           use_pdl=True, grid=None, v_cache=None, nq=None, nkv=None, niq=None, nik=None,
                           error_flags=None) -> None:
     """The epilogue alone on a bf16 projection qkv [M, N] (the unfused path)."""
-    f = _ops.qknorm_rope_kv_insert_impl if not _is_compiling() and _direct(qkv) else \
-        torch.ops.m3qkv.qknorm_rope_kv_insert
-    f(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_norm_weight, eps,
-      slot_mapping=slot_mapping, index_slot_mapping=index_slot_mapping, kv_cache=kv_cache, index_cache=index_cache,
-      index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out, q_fp8_scale=q_fp8_scale, k_scale=k_scale,
-      v_scale=v_scale, use_pdl=use_pdl, grid=grid, v_cache=v_cache, nq=nq, nkv=nkv, niq=niq, nik=nik,
-      error_flags=error_flags)
+    f = _ops.qknorm_rope_kv_insert_impl if _direct(qkv) else torch.ops.m3qkv.qknorm_rope_kv_insert.default
+    try:
+        f(qkv, positions, cos_sin_cache, q_norm_weight, k_norm_weight, index_q_norm_weight, index_k_norm_weight, eps,
+          slot_mapping=slot_mapping, index_slot_mapping=index_slot_mapping, kv_cache=kv_cache,
+          index_cache=index_cache, index_q_out=index_q_out, q_out=q_out, q_fp8_out=q_fp8_out,
+          q_fp8_scale=q_fp8_scale, k_scale=k_scale, v_scale=v_scale, use_pdl=use_pdl, grid=grid, v_cache=v_cache,
+          nq=nq, nkv=nkv, niq=niq, nik=nik, error_flags=error_flags)
+    except (ValueError, RuntimeError) as e:
+        raise _capi.from_native(e) from None
 
 
 def mxfp8_gemm(xq, xsf, wq, wsf, *, use_pdl=True, grid=None, x_bf16=None) -> torch.Tensor:
     """bf16 out [M, N] = bf16_rn(acc) of the MXFP8 GEMM (activations xq, xsf, or
     bf16 x_bf16 [M, K] with xq=None, xsf=None)."""
-    if not _is_compiling() and _direct(xq if x_bf16 is None else x_bf16):
-        return _ops.mxfp8_gemm_impl(xq, xsf, wq, wsf, use_pdl=use_pdl, grid=grid, x_bf16=x_bf16)
-    return torch.ops.m3qkv.mxfp8_gemm(xq, xsf, wq, wsf, use_pdl=use_pdl, grid=grid, x_bf16=x_bf16)
+    f = _ops.mxfp8_gemm_impl if _direct(xq if x_bf16 is None else x_bf16) else torch.ops.m3qkv.mxfp8_gemm.default
+    try:
+        return f(xq, xsf, wq, wsf, use_pdl=use_pdl, grid=grid, x_bf16=x_bf16)
+    except (ValueError, RuntimeError) as e:
+        raise _capi.from_native(e) from None
 
 
 def mxfp8_quantize(x, *, use_pdl=True):
     """bf16 x [M, K] -> (xq float8_e4m3fn [M, K], xsf uint8 F8_128x4-swizzled e8m0 scales)."""
-    if not _is_compiling() and _direct(x):
-        return _ops.mxfp8_quantize_impl(x, use_pdl=use_pdl)
-    return torch.ops.m3qkv.mxfp8_quantize(x, use_pdl=use_pdl)
+    f = _ops.mxfp8_quantize_impl if _direct(x) else torch.ops.m3qkv.mxfp8_quantize.default
+    try:
+        return f(x, use_pdl=use_pdl)
+    except (ValueError, RuntimeError) as e:
+        raise _capi.from_native(e) from None
 
 
 def torch_ops() -> dict:
@@ -110,8 +127,8 @@ def torch_ops() -> dict:
     (fused_qkv, qknorm_rope_kv_insert, mxfp8_gemm, mxfp8_quantize) run no
     Python per call; their errors are ValueError / RuntimeError with the
     messages of the ctypes kernels (not the M3qkvError subclasses). The module
-    functions of this package take the ctypes fast path in eager mode either
-    way. M3QKV_TORCH_OPS=ctypes | cpp | auto chooses (see m3qkv/_native.py)."""
+    functions of this package call the C++ ops (their C errors as the
+    M3qkvError subclasses), or take the ctypes fast path in eager mode. M3QKV_TORCH_OPS=ctypes | cpp | auto chooses (see m3qkv/_native.py)."""
     return {k: v for k, v in _ops.TORCH_OPS.items() if k != "ops"}
 
 

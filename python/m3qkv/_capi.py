@@ -77,6 +77,20 @@ class M3qkvRuntimeError(M3qkvError, RuntimeError):
     """CUDA_ERROR, UNSUPPORTED_DEVICE, INTERNAL, SELFTEST_FAILED."""
 
 
+_STATUS_CODES = {name: code for code, name in STATUS_NAMES.items()}
+
+
+def from_native(e: Exception) -> Exception:
+    """The M3qkvError of a C++ torch op's C-call error ("M3QKV_ERROR_<NAME>:
+    message", raised as ValueError / RuntimeError), with the same text; any
+    other exception (an argument check's ValueError, torch's own) as it is."""
+    name, sep, message = str(e).partition(": ")
+    status = _STATUS_CODES.get(name) if sep else None
+    if status is None or isinstance(e, M3qkvError):
+        return e
+    return (M3qkvValueError if status in VALUE_ERRORS else M3qkvRuntimeError)(status, message)
+
+
 class M3qkvFallbackWarning(UserWarning):
     """m3qkv.warmup in self-test mode (M3QKV_SELFTEST_ON_WARMUP=1): the automatic
     backend failed its self-test and a slower one that passed is used now

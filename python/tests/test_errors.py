@@ -264,3 +264,28 @@ def test_release_stream_frees_and_the_next_call_allocates_again():
         m3qkv.release_stream()  # nothing held yet: no error
     s.synchronize()
     m3qkv.release_stream(s)
+
+
+@pytest.mark.parametrize("cls,text,want,status", [
+    (ValueError, "M3QKV_ERROR_INVALID_ARGUMENT: m3qkv_fused_qkv: eps must be finite and > 0, got -1",
+     m3qkv.M3qkvValueError, 1),
+    (ValueError, "M3QKV_ERROR_MISALIGNED: m3qkv_fused_qkv: xq must be 16-byte aligned", m3qkv.M3qkvValueError, 2),
+    (RuntimeError, "M3QKV_ERROR_CUDA_ERROR: m3qkv_fused_qkv: cudaLaunchKernelEx failed", m3qkv.M3qkvRuntimeError, 4),
+    (RuntimeError, "M3QKV_ERROR_UNSUPPORTED_DEVICE: m3qkv_fused_qkv: no device", m3qkv.M3qkvRuntimeError, 3),
+])
+def test_from_native_maps_c_errors(cls, text, want, status):
+    """The module functions re-raise a C++ op's C-call error as the M3qkvError
+    subclass the ctypes path raises: same class, status and text."""
+    e = m3qkv._capi.from_native(cls(text))
+    assert type(e) is want and e.status == status and str(e) == text
+    assert isinstance(e, cls)
+
+
+@pytest.mark.parametrize("e", [
+    ValueError("m3qkv.fused_qkv: xq must have dtype torch.float8_e4m3fn, got torch.bfloat16 [1, 256] on cuda:0"),
+    ValueError("M3QKV_ERROR_NOT_A_STATUS: text"),
+    RuntimeError("fused_qkv() Expected a value of type 'Tensor' for argument 'wq'"),
+    m3qkv.M3qkvValueError(1, "already mapped"),
+])
+def test_from_native_keeps_other_errors(e):
+    assert m3qkv._capi.from_native(e) is e

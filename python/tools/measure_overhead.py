@@ -22,6 +22,11 @@ GPU mode (TP4, K = 6144, NVFP4 caches, block 128), for each M:
   empty_torch_op a custom op with fused_qkv's schema and a kernel that does
                  nothing, called like torch_ops: the floor of the dispatcher with
                  these arguments and a Python kernel (the ctypes op's floor);
+  empty_stable_op the same schema registered in C++ through the stable ABI as
+                 the C++ ops are (libm3qkv_torch_noop.so, built beside
+                 libm3qkv_torch_ops.so; --noop-library), with a kernel that
+                 does nothing: the floor of the C++ op (dispatcher, boxing,
+                 argument conversion);
   empty_aten_op  torch.ops.aten.alias(xq): a C++ op through the dispatcher.
   c_call         the C API called from C++: copied from the host_fused_qkv
                  entries of the C++ bench (bench/results/h200.json, --bench-json),
@@ -146,6 +151,30 @@ def empty_op():
     return torch.ops.m3qkv_overhead.fused_qkv_noop
 
 
+def empty_stable_op(path):
+    """torch.ops.m3qkv_overhead.fused_qkv_noop_stable (python/tools/torch_noop_op.cpp)
+    from `path`, or None when that file is absent; its schema must be
+    fused_qkv's, renamed."""
+    if not path or not os.path.exists(path):
+        return None
+    torch.ops.load_library(path)
+    op = torch.ops.m3qkv_overhead.fused_qkv_noop_stable.default
+    want = _ops.SCHEMAS["fused_qkv"].replace("fused_qkv(", "fused_qkv_noop_stable(", 1)
+    got = str(op._schema).split("::", 1)[-1]
+    assert str(torch._C.parse_schema("m3qkv_overhead::" + want)).split("::", 1)[-1] == got, (want, got)
+    return op
+
+
+def default_noop_library():
+    lib = m3qkv.torch_ops()["library"]
+    return os.environ.get("M3QKV_TORCH_NOOP_LIBRARY") or (
+        os.path.join(os.path.dirname(lib), "libm3qkv_torch_noop.so") if lib else None)
+
+
+EMPTY_STABLE_WHAT = ("torch.ops.m3qkv_overhead.fused_qkv_noop_stable: fused_qkv's schema registered in C++ through "
+                     "the stable ABI as the C++ ops are, with an empty kernel, called with torch_ops's arguments: "
+                     "the floor of the C++ op")
+
 EMPTY_OP_WHAT = ("torch.ops.m3qkv_overhead.fused_qkv_noop: a torch.library custom op with fused_qkv's schema whose "
                  "kernel (Python, registered for CPU and CUDA) returns at once, called with torch_ops's arguments")
 EMPTY_ATEN_WHAT = "torch.ops.aten.alias(xq): one C++ aten op through the dispatcher (it makes a view)"
@@ -205,7 +234,7 @@ def path(what, results, **extra):
                                     for m, (med, hi) in results], **extra)
 
 
-def host_only(calls, batches, ms, bench_json):
+def host_only(calls, batches, ms, bench_json, noop_library):
     a, kw = tensors(0, "cpu")
     lib = _capi.library()
     _, args = _ops.fused_qkv_args(*a, **kw)
@@ -243,7 +272,10 @@ def host_only(calls, batches, ms, bench_json):
     empty = lambda: noop(*a, **kw)  # noqa: E731
     aten = lambda: torch.ops.aten.alias(a[0])  # noqa: E731
     nop = lambda: None  # noqa: E731
-    c, fp, p, ch, e, al = (per_call(fn, calls, batches, nop) for fn in (c_call, fast, py, checks_only, empty, aten))
+    stable = empty_stable_op(noop_library)
+    floor = (lambda: stable(*a, **kw)) if stable is not None else nop  # noqa: E731
+    c, fp, p, ch, e, al, sf = (per_call(fn, calls, batches, nop)
+                               for fn in (c_call, fast, py, checks_only, empty, aten, floor))
     print(f"host-only (CPU tensors, M = 0, {calls} calls x {batches} batches, median per call):")
     print(f"  c_call (C validation + ctypes)            {c[0]:7.2f} us")
     print(f"  eager fast path: flat checks + pack + C   {fp[0]:7.2f} us   -> Python layer adds {fp[0] - c[0]:.2f} us")
@@ -251,6 +283,8 @@ def host_only(calls, batches, ms, bench_json):
     print(f"    of which the full argument checks       {ch[0]:7.2f} us")
     print(f"  empty custom op, fused_qkv's arguments    {e[0]:7.2f} us   (dispatcher + a Python kernel)")
     print(f"  empty aten op (aten.alias)                {al[0]:7.2f} us")
+    if stable is not None:
+        print(f"  empty stable-ABI C++ op, same arguments   {sf[0]:7.2f} us   (the C++ op's floor)")
     note = "CPU tensors, M = 0: the C library validates the struct and returns before any device work"
     return {"context": dict(context("host-only", calls, batches, "cpu (host-only: no kernel runs)",
                                     "none (host-only)"), note=note),
@@ -264,11 +298,13 @@ def host_only(calls, batches, ms, bench_json):
                 "argument_checks": path("the full argument checks alone (_ops._check_fused)", [(0, ch)]),
                 "empty_torch_op": path(EMPTY_OP_WHAT, [(0, e)], op="m3qkv_overhead::fused_qkv_noop"),
                 "empty_aten_op": path(EMPTY_ATEN_WHAT, [(0, al)], op="aten::alias"),
+                **({"empty_stable_op": path(EMPTY_STABLE_WHAT, [(0, sf)], op="m3qkv_overhead::fused_qkv_noop_stable")}
+                   if stable else {}),
                 "c_call": bench_c_call(bench_json, ms),
             }}
 
 
-def gpu(ms, calls, batches, bench_json):
+def gpu(ms, calls, batches, bench_json, noop_library):
     dev = torch.device("cuda", torch.cuda.current_device())
     lib = _capi.library()
     m3qkv.warmup()
@@ -279,6 +315,9 @@ def gpu(ms, calls, batches, bench_json):
     print(f"torch.ops.m3qkv.*: {ops['impl']} kernels ({ops['library'] or ops['reason']})")
     pkg = os.path.dirname(os.path.abspath(m3qkv.__file__))
     noop = empty_op()
+    stable = empty_stable_op(noop_library)
+    if stable is None:
+        print(f"no {noop_library or 'libm3qkv_torch_noop.so'}: the empty_stable_op row is left out")
 
     # Flat tensor arguments, as a model's forward passes them; dynamic=False:
     # one static graph per M (what a CUDA-graph size of a serving engine runs).
@@ -289,11 +328,12 @@ def gpu(ms, calls, batches, bench_json):
                                   slot_mapping=slot_mapping, index_slot_mapping=index_slot_mapping,
                                   kv_cache=kv_cache, index_cache=index_cache, index_q_out=index_q_out, q_out=q_out)
 
-    cols = ["c_call_ctypes", "module_fn", "torch_ops", "compiled", "graph_replay", "empty_torch_op", "empty_aten_op"]
+    cols = ["c_call_ctypes", "module_fn", "torch_ops", "compiled", "graph_replay", "empty_torch_op", "empty_aten_op",
+            "empty_stable_op"]
     res = {c: [] for c in cols}
     frames = []
     print(f"{'M':>6} {'c_call':>8} {'module':>8} {'t.ops':>8} {'compiled':>8} {'graph':>8} {'empty_op':>8} "
-          f"{'aten':>8} {'mod-c':>7} {'ops-c':>7} {'comp-c':>7}")
+          f"{'aten':>8} {'stable':>8} {'mod-c':>7} {'ops-c':>7} {'comp-c':>7}")
     for m in ms:
         a, kw = tensors(m, dev)
         _, args = _ops.fused_qkv_args(*a, **kw)
@@ -311,6 +351,7 @@ def gpu(ms, calls, batches, bench_json):
         comp = lambda: compiled(*a, **kw)  # noqa: E731
         empty = lambda: noop(*a, **kw)  # noqa: E731
         aten = lambda: torch.ops.aten.alias(a[0])  # noqa: E731
+        floor = (lambda: stable(*a, **kw)) if stable is not None else (lambda: None)  # noqa: E731
         sync = torch.cuda.synchronize
         for _ in range(3):  # compile and warm outside the timed batches
             comp()
@@ -322,7 +363,7 @@ def gpu(ms, calls, batches, bench_json):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             direct()
-        r = [per_call(fn, calls, batches, sync) for fn in (c_call, direct, op, comp, g.replay, empty, aten)]
+        r = [per_call(fn, calls, batches, sync) for fn in (c_call, direct, op, comp, g.replay, empty, aten, floor)]
         for c, v in zip(cols, r):
             res[c].append((m, v))
         mine, total, names = python_frames_per_call(comp, calls, pkg)
@@ -349,8 +390,9 @@ def gpu(ms, calls, batches, bench_json):
             "paths": {
                 "torch_ops": path(f"torch.ops.m3qkv.fused_qkv(...) eager: the dispatcher, then the {ops['impl']} "
                                   f"kernel", res["torch_ops"]),
-                "module_fn": path("m3qkv.fused_qkv(...) eager: the module function's ctypes fast path (no "
-                                  "dispatcher)", res["module_fn"]),
+                "module_fn": path("m3qkv.fused_qkv(...) eager: the module function, which calls the C++ op "
+                                  "(torch.ops.m3qkv.fused_qkv.default) when it is bound, else its ctypes fast path",
+                                  res["module_fn"]),
                 "compiled": path("a torch.compile(fullgraph=True, dynamic=False) function calling "
                                  "torch.ops.m3qkv.fused_qkv, warmed (guards + Inductor's wrapper + the op)",
                                  res["compiled"],
@@ -362,6 +404,8 @@ def gpu(ms, calls, batches, bench_json):
                                       "(validation + launch in C, plus ctypes)", res["c_call_ctypes"]),
                 "empty_torch_op": path(EMPTY_OP_WHAT, res["empty_torch_op"], op="m3qkv_overhead::fused_qkv_noop"),
                 "empty_aten_op": path(EMPTY_ATEN_WHAT, res["empty_aten_op"], op="aten::alias"),
+                **({"empty_stable_op": path(EMPTY_STABLE_WHAT, res["empty_stable_op"],
+                                            op="m3qkv_overhead::fused_qkv_noop_stable")} if stable else {}),
                 "c_call": bench_c_call(bench_json, ms),
             }}
 
@@ -376,6 +420,9 @@ def main(argv=None):
     ap.add_argument("--bench-json", metavar="PATH", default=BENCH_JSON,
                     help="the C++ bench's JSON to take the c_call (host_fused_qkv) figures from "
                          "(default bench/results/h200.json)")
+    ap.add_argument("--noop-library", metavar="PATH", default=None,
+                    help="libm3qkv_torch_noop.so for the empty_stable_op row (default: M3QKV_TORCH_NOOP_LIBRARY, "
+                         "else the one beside the bound libm3qkv_torch_ops.so)")
     a = ap.parse_args(argv)
     if a.calls < 1 or a.batches < 1:
         ap.error("--calls and --batches must be >= 1")
@@ -383,9 +430,9 @@ def main(argv=None):
     if a.host_only or not torch.cuda.is_available():
         if not a.host_only:
             print("no CUDA device: measuring the host-only path")
-        doc = host_only(a.calls, a.batches, ms, a.bench_json)
+        doc = host_only(a.calls, a.batches, ms, a.bench_json, a.noop_library or default_noop_library())
     else:
-        doc = gpu(ms, a.calls, a.batches, a.bench_json)
+        doc = gpu(ms, a.calls, a.batches, a.bench_json, a.noop_library or default_noop_library())
     cc = doc["paths"]["c_call"]
     print(f"c_call (C++): {cc['source']}")
     if a.json:
