@@ -360,6 +360,19 @@ def _flat_bytes(cache: torch.Tensor, span: int) -> torch.Tensor:
     return torch.as_strided(u8, (span,), (1,), u8.storage_offset())
 
 
+def last_sharer(slots):
+    """Whether each token is the last of the call to name its slot
+    (docs/contract.md §4.4: it alone writes the slot's row)."""
+    m = slots.numel()
+    if m == 0:
+        return torch.ones(0, dtype=torch.bool, device=slots.device)
+    _, inv = torch.unique(slots, return_inverse=True)
+    idx = torch.arange(m, device=slots.device)
+    last = torch.full((int(inv.max()) + 1,), -1, dtype=torch.int64, device=slots.device)
+    last = last.scatter_reduce(0, inv, idx, reduce="amax")
+    return last[inv] == idx
+
+
 def _store_nvfp4(flat, page_stride, block_size, slot_in_page, slots, data, scales, v_swizzle):
     """Writes rows (data [T, 64], scales [T, 8]) at cache slot ids `slots` [T]."""
     if slots.numel() == 0:
@@ -418,7 +431,7 @@ def epilogue(acc: torch.Tensor, *, nq: int, nkv: int, niq: int, nik: int, positi
     slots = slot_mapping.to(torch.int64)
     if bool((slots >= nb * bs).any()):
         flags |= 0x1
-    wr = (slots >= 0) & (slots < nb * bs)
+    wr = (slots >= 0) & (slots < nb * bs) & last_sharer(slots)
     rows = torch.nonzero(wr).view(-1)
     ksf, vsf = rcp_rn(k_scale), rcp_rn(v_scale)
     yk = normed(o, nkv, k_norm_weight)
@@ -446,7 +459,7 @@ def epilogue(acc: torch.Tensor, *, nq: int, nkv: int, niq: int, nik: int, positi
         inb = index_cache.shape[0]
         if bool((islots >= inb * bs).any()):
             flags |= 0x2
-        irows = torch.nonzero((islots >= 0) & (islots < inb * bs)).view(-1)
+        irows = torch.nonzero((islots >= 0) & (islots < inb * bs) & last_sharer(islots)).view(-1)
         yik = normed(o, 1, index_k_norm_weight)
         if index_cache.dtype == torch.uint8:
             ix_stride = index_cache.stride(0)

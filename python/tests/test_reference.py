@@ -53,6 +53,42 @@ def test_epilogue_matches_golden(golden, layout, accs):
     assert (want["kv_cache"] != 0xA5).any() and (want["q_fp8_out"].view(torch.uint8) != 0xA5).any()
 
 
+@pytest.mark.parametrize("layout", ["TP4", "TP8"])
+def test_shared_slots_match_golden(golden, layout):
+    """Half the tokens take another token's slot and index slot (docs/contract.md
+    §4.4: the last of them writes the row): the port equals the C golden model."""
+    seed = fresh_seed()
+    p = make_problem(layout, m=40, k=128, block_size=16, exact=False, seed=seed, oor=True)
+    g = torch.Generator().manual_seed(seed)
+    for key in ("slot_mapping", "index_slot_mapping"):
+        s = p[key].clone()
+        take = torch.rand(s.numel(), generator=g) < 0.5
+        src = torch.randint(0, 3, (s.numel(),), generator=g)  # a few hot tokens, often
+        src = torch.where(torch.rand(s.numel(), generator=g) < 0.5, src,
+                          torch.randint(0, s.numel(), (s.numel(),), generator=g))
+        p[key] = torch.where(take, s[src], s)
+    assert (p["slot_mapping"].unique().numel() < p["slot_mapping"].numel())
+    acc = torch.randn(p["m"], p["n"], generator=g) * 3
+    want, got = make_outputs(p), make_outputs(p)
+    fw = golden.epilogue(p, acc, want)
+    fg = ref.epilogue(acc, nq=p["nq"], nkv=p["nkv"], niq=p["niq"], nik=p["nik"], positions=p["positions"],
+                      cos_sin_cache=p["cos_sin_cache"], q_norm_weight=p["q_norm_weight"],
+                      k_norm_weight=p["k_norm_weight"], index_q_norm_weight=p["index_q_norm_weight"],
+                      index_k_norm_weight=p["index_k_norm_weight"], eps=p["eps"], slot_mapping=p["slot_mapping"],
+                      index_slot_mapping=p["index_slot_mapping"], kv_cache=got["kv_cache"],
+                      index_cache=got["index_cache"], q_out=got["q_out"], q_fp8_out=got["q_fp8_out"],
+                      index_q_out=got["index_q_out"], q_fp8_scale=p["q_fp8_scale"], k_scale=p["k_scale"],
+                      v_scale=p["v_scale"])
+    d = diff_outputs(want, got)
+    assert not d, f"seed {seed}:\n{d}"
+    assert fw == fg
+
+
+def test_last_sharer():
+    s = torch.tensor([5, 3, 5, -1, 3, 7, -1, 5])
+    assert ref.last_sharer(s).tolist() == [False, False, False, False, True, True, True, True]
+
+
 def test_quantize_matches_golden(golden):
     seed = fresh_seed()
     g = torch.Generator().manual_seed(seed)

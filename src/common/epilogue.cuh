@@ -28,6 +28,7 @@
 
 #include "common/layouts.h"
 #include "common/numerics.h"
+#include "common/slot_owners.cuh"
 #include "m3qkv/m3qkv.h"
 #include "ptx/cvt.cuh"
 
@@ -413,8 +414,9 @@ M3_HD void norm_rope_head(const EpilogueParams& p, int64_t m, const uint16_t* w,
 // The complete epilogue of token row `m` and projection head `head`
 // (0 <= head < nq + 2nkv + niq + nik) on its 128 accumulator values x
 // (modified in place). Writes that row's outputs / cache token, with the
-// guards of docs/contract.md §5.3.
-M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float* x) {
+// guards of docs/contract.md §5.3; `own` says which cache rows are this
+// row's to write (slot_owners.cuh).
+M3_HD void epilogue_head_row(const EpilogueParams& p, const SlotOwners& own, int64_t m, int head, float* x) {
   const HeadInfo h = head_info(head, p.nq, p.nkv, p.niq);
   // FP8 / BF16 cache row of a k / v / index_k head: one store site after the
   // switch (one copy of each encoder in the kernel, not one per head kind).
@@ -437,8 +439,9 @@ M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float
     case HeadKind::K:
     case HeadKind::V: {
       SlotAddr sa;
-      if (!resolve_slot(p.slot_mapping[m], p.num_blocks, p.block_size, p.error_flags, M3QKV_FLAG_SLOT_OUT_OF_RANGE,
-                        &sa))
+      const int64_t s = p.slot_mapping[m];
+      if (!own.owns(s, false, m) ||
+          !resolve_slot(s, p.num_blocks, p.block_size, p.error_flags, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &sa))
         break;
       const bool is_k = h.kind == HeadKind::K;
       if (is_k) norm_rope_head(p, m, p.k_norm_weight, x);
@@ -457,8 +460,9 @@ M3_HD void epilogue_head_row(const EpilogueParams& p, int64_t m, int head, float
     }
     case HeadKind::IndexK: {
       SlotAddr sa;
-      if (!resolve_slot(p.index_slot_mapping[m], p.num_index_blocks, p.block_size, p.error_flags,
-                        M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &sa))
+      const int64_t s = p.index_slot_mapping[m];
+      if (!own.owns(s, true, m) || !resolve_slot(s, p.num_index_blocks, p.block_size, p.error_flags,
+                                                 M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &sa))
         break;
       norm_rope_head(p, m, p.index_k_norm_weight, x);
       if (p.ix_dtype == kCacheNvfp4) {

@@ -43,6 +43,7 @@
 #pragma once
 
 #include "common/epilogue.cuh"
+#include "common/slot_owners.cuh"
 #include "common/quad_store.h"
 
 namespace m3qkv {
@@ -167,9 +168,11 @@ struct RowDest {
 // griddepcontrol.wait); else stored into e.error_flags as they arise (the
 // form every other caller has, whose code the decode kernels' registers
 // were fitted to: SM90 decode, 8 B of spills with one combined store).
+// owner: whether the row owns its slot (row_owns); a row that does not is
+// treated as one with a negative slot (docs/contract.md §4.4).
 template <bool kQuiet>
 __device__ __forceinline__ RowDest row_dest_flags(const EpilogueParams& e, const HeadInfo& hi, const RowInputs& in,
-                                                  bool valid, uint32_t* bits) {
+                                                  bool valid, bool owner, uint32_t* bits) {
   auto raise = [&](uint32_t bit) {
     if constexpr (kQuiet) {
       *bits |= bit;
@@ -196,7 +199,7 @@ __device__ __forceinline__ RowDest row_dest_flags(const EpilogueParams& e, const
   // Uniform over the warp wherever the warp's lanes share a head (every caller).
   d.cache_dtype = kind == HeadKind::IndexK ? e.ix_dtype : e.kv_dtype;
   // Cache destination (k, v, index_k): resolved first, as epilogue_head_row does.
-  if (valid && kv) {
+  if (valid && owner && kv) {
     d.to_cache = resolve(e.num_blocks, M3QKV_FLAG_SLOT_OUT_OF_RANGE, &d.sa);
     if (d.to_cache) {
       if (d.cache_dtype == kCacheNvfp4)
@@ -207,7 +210,7 @@ __device__ __forceinline__ RowDest row_dest_flags(const EpilogueParams& e, const
                       kv_flat_offset(d.sa.page, d.sa.token, hi.index, 0, e.kv_page_stride, e.kv_token_stride,
                                      e.kv_head_stride, flat_elem_bytes(d.cache_dtype));
     }
-  } else if (valid && kind == HeadKind::IndexK) {
+  } else if (valid && owner && kind == HeadKind::IndexK) {
     d.to_cache = resolve(e.num_index_blocks, M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE, &d.sa);
     if (d.to_cache)
       d.slot_base = d.cache_dtype == kCacheNvfp4
@@ -222,12 +225,19 @@ __device__ __forceinline__ RowDest row_dest_flags(const EpilogueParams& e, const
   return d;
 }
 __device__ __forceinline__ RowDest row_dest_quiet(const EpilogueParams& e, const HeadInfo& hi, const RowInputs& in,
-                                                  bool valid, uint32_t* bits) {
-  return row_dest_flags<true>(e, hi, in, valid, bits);
+                                                  bool valid, bool owner, uint32_t* bits) {
+  return row_dest_flags<true>(e, hi, in, valid, owner, bits);
 }
 __device__ __forceinline__ RowDest row_dest(const EpilogueParams& e, const HeadInfo& hi, const RowInputs& in,
-                                            bool valid) {
-  return row_dest_flags<false>(e, hi, in, valid, nullptr);
+                                            bool valid, bool owner) {
+  return row_dest_flags<false>(e, hi, in, valid, owner, nullptr);
+}
+
+// Whether `row` owns the cache slot `in` names (slot_owners.cuh); true for
+// heads without a cache row and rows without a slot.
+__device__ __forceinline__ bool row_owns(const SlotOwners& own, const HeadInfo& hi, const RowInputs& in,
+                                         int64_t row) {
+  return hi.kind == HeadKind::Q || hi.kind == HeadKind::IndexQ || own.owns(in.slot_raw, hi.kind == HeadKind::IndexK, row);
 }
 
 // The standalone insert's guess of a row's inputs and destination, made
@@ -255,7 +265,9 @@ __device__ __forceinline__ RowGuess row_guess(const EpilogueParams& e, const Hea
   RowGuess s{};
   s.in = row_inputs<true, kDest>(e, hi, row, valid);
   s.bits = 0;
-  if constexpr (kDest) s.d = row_dest_quiet(e, hi, s.in, valid, &s.bits);
+  // Ownership is not known before the wait: the guess assumes it, and
+  // lane_row_epilogue resolves again where the row turns out not to own it.
+  if constexpr (kDest) s.d = row_dest_quiet(e, hi, s.in, valid, /*owner=*/true, &s.bits);
   return s;
 }
 
@@ -265,8 +277,8 @@ __device__ __forceinline__ RowGuess row_guess(const EpilogueParams& e, const Hea
 // caller's to store. kDecodeCvt: the NVFP4 scales' form
 // (nvfp4_group_scale2_dev; false where registers are tight: the decode kernels).
 template <bool kDecodeCvt = true>
-__device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const QuadHead& h, int64_t row, bool valid,
-                                                  float (&y)[kQuadValues], int q) {
+__device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const SlotOwners& own, const QuadHead& h,
+                                                  int64_t row, bool valid, float (&y)[kQuadValues], int q) {
   const HeadKind kind = h.hi.kind;
   const int c0 = 2 * q;
 
@@ -274,7 +286,7 @@ __device__ __forceinline__ void quad_row_epilogue(const EpilogueParams& e, const
   // the warp form does): the quad form's eight cos/sin words live across the
   // division would push the SM90 decode kernel (168 registers) into spills.
   const RowInputs in = row_inputs(e, h.hi, row, valid);
-  const RowDest d = row_dest(e, h.hi, in, valid);
+  const RowDest d = row_dest(e, h.hi, in, valid, row_owns(own, h.hi, in, row));
   const bool to_cache = d.to_cache;
   const SlotAddr sa = d.sa;
   uint8_t* const slot_base = d.slot_base;

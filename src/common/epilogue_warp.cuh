@@ -92,8 +92,8 @@ enum class RowHeads { kAny, kCache, kQuery };
 // griddepcontrol.wait (the standalone insert), or null (every input read
 // here, in two rounds).
 template <int L, RowHeads H = RowHeads::kAny, class Src>
-__device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int head, int64_t row, bool valid,
-                                                  const Src& src, const RowGuess* guess = nullptr) {
+__device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, const SlotOwners& own, int head, int64_t row,
+                                                  bool valid, const Src& src, const RowGuess* guess = nullptr) {
   constexpr bool kMayQuery = H != RowHeads::kCache, kMayCache = H != RowHeads::kQuery;
   constexpr int K = LaneRow<L>::kK, NU = LaneRow<L>::kUnits;
   const int lane = static_cast<int>(threadIdx.x % 32);
@@ -137,6 +137,7 @@ __device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int h
     }
   };
   load_cos_sin(guess != nullptr ? guess->in.pos : in.pos);
+  const bool owner = row_owns(own, hi, in, row);
   RowDest d;
   if (guess != nullptr) {
     // The guess stands where the slot and position words read now match it
@@ -147,16 +148,16 @@ __device__ __forceinline__ void lane_row_epilogue(const EpilogueParams& e, int h
     if constexpr (kRowGuessDest<L>) {
       uint32_t bits = guess->bits;
       d = guess->d;
-      if (in.slot_raw != guess->in.slot_raw || in.pos_raw != guess->in.pos_raw) {
+      if (!owner || in.slot_raw != guess->in.slot_raw || in.pos_raw != guess->in.pos_raw) {
         bits = 0;
-        d = row_dest_quiet(e, hi, in, valid, &bits);
+        d = row_dest_quiet(e, hi, in, valid, owner, &bits);
       }
       if (bits != 0) set_flag(e.error_flags, bits);
     } else {
-      d = row_dest(e, hi, in, valid);
+      d = row_dest(e, hi, in, valid, owner);
     }
   } else {
-    d = row_dest(e, hi, in, valid);
+    d = row_dest(e, hi, in, valid, owner);
   }
 
   float y[2 * NU];

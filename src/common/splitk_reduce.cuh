@@ -17,6 +17,7 @@
 
 #include "common/epilogue_warp.cuh"
 #include "common/numerics.h"
+#include "common/slot_owners.cuh"
 #include "common/splitk_plan.h"
 #include "ptx/sm90_extra.cuh"  // bar_sync
 
@@ -53,9 +54,12 @@ struct TileRow {
 // `on_arrived()` runs in every thread once the unit is counted (split > 1;
 // timeline hook). Returns whether this unit was the last arriver; ends with a barrier
 // after which T may be overwritten.
+// `owners`: the group's slot-owner table (shared memory), filled by the last
+// arriver for its token block before the epilogue.
 template <int NT, int kThreads, uint32_t kBarrier, class P, class OnArrived>
 __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, int t, float* T,
-                                            volatile uint32_t* flag, int skip_split, OnArrived&& on_arrived) {
+                                            epi::SlotOwnerTable<NT>* owners, volatile uint32_t* flag, int skip_split,
+                                            OnArrived&& on_arrived) {
   static_assert(kThreads % 32 == 0 && NT % 8 == 0, "whole warps; quads cover 8-token groups");
   const int q = t % 4;
   const int mt = min(NT, p.m - w.tb * NT);  // tokens of this block
@@ -123,6 +127,14 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
       ptx::bar_sync(kBarrier, kThreads);
     }
   }
+  if (last) {
+    const uint32_t maps = epi::slot_maps_of(head_info(w.head, p.epi.nq, p.epi.nkv, p.epi.niq).kind);
+    if (maps != 0u) {  // uniform over the group: one head per unit
+      epi::build_slot_owners(*owners, p.epi.slot_mapping, p.epi.index_slot_mapping, maps, p.m,
+                             static_cast<int64_t>(w.tb) * NT, NT, t, kThreads, [] { ptx::bar_sync(kBarrier, kThreads); });
+    }
+  }
+  const epi::SlotOwners own = owners->view();
   if (last && mt <= kThreads / 32) {
     // Epilogue of a block with at most one token row per warp (decode at
     // small M): warp t/32 takes row t/32 (epi::lane_row_epilogue<32>, 4 values
@@ -139,7 +151,7 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
         *reinterpret_cast<float2*>(dst + 2 * lane) = src.load(2 * lane);
         *reinterpret_cast<float2*>(dst + kHeadCols / 2 + 2 * lane) = src.load(kHeadCols / 2 + 2 * lane);
       }
-      epi::lane_row_epilogue<32>(p.epi, w.head, row, true, src);
+      epi::lane_row_epilogue<32>(p.epi, own, w.head, row, true, src);
     }
   } else if (last) {
     // Epilogue: quad t/4 takes token rows t/4, t/4 + kThreads/4, ...; lane q
@@ -161,7 +173,7 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
         for (int j = 0; j < kHeadCols / 8; ++j)
           *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
       }
-      epi::quad_row_epilogue</*kDecodeCvt=*/false>(p.epi, head, row, valid, y, q);  // 168-register kernels
+      epi::quad_row_epilogue</*kDecodeCvt=*/false>(p.epi, own, head, row, valid, y, q);  // 168-register kernels
     }
   }
   // T is reused by the next unit.

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <thread>
+#include <unordered_set>
+#include <vector>
 
 #include "common/fold_fp8.h"
 #include "common/layouts.h"
@@ -158,8 +160,25 @@ void store_index(const Epi& e, int64_t slot, const float y[128]) {
 }
 
 // Epilogue over token rows [r0, r1). `row(r)` returns the f32 row of N values.
+// Slot ownership (docs/contract.md §4.4): owner[r] = 1 where no later row of
+// the call names slot[r] (negative slots own nothing and are never asked).
+std::vector<uint8_t> slot_owners(const int64_t* slots, int64_t m) {
+  std::vector<uint8_t> owner(static_cast<size_t>(m), 1);
+  std::unordered_set<int64_t> later;
+  for (int64_t r = m - 1; r >= 0; --r) {
+    if (slots[r] < 0) continue;
+    owner[static_cast<size_t>(r)] = later.insert(slots[r]).second ? 1 : 0;
+  }
+  return owner;
+}
+
+// A row that does not own its slot is one with a negative slot.
+struct Owners {
+  std::vector<uint8_t> kv, ix;
+};
+
 template <class RowFn>
-void epilogue_rows(const Epi& e, RowFn&& row, int64_t r0, int64_t r1, uint32_t* flags) {
+void epilogue_rows(const Epi& e, const Owners& own, RowFn&& row, int64_t r0, int64_t r1, uint32_t* flags) {
   const int heads = total_heads(e.nq, e.nkv, e.niq, e.nik);
   const float qinv = rcp_rn(e.q_fp8_scale);
   const float ksf = rcp_rn(e.k_scale);
@@ -174,13 +193,13 @@ void epilogue_rows(const Epi& e, RowFn&& row, int64_t r0, int64_t r1, uint32_t* 
     if (pos < 0 || pos >= e.max_position) fl |= M3QKV_FLAG_POSITION_OUT_OF_RANGE;
     pos = clamp_position(pos, e.max_position);
     const uint16_t* cs = e.cos_sin_cache + pos * kRopeDim;
-    const int64_t slot = e.slot_mapping[r];
+    const int64_t slot = own.kv[static_cast<size_t>(r)] ? e.slot_mapping[r] : -1;
     const bool kv_write = slot >= 0 && slot < kv_cap;
     if (slot >= kv_cap) fl |= M3QKV_FLAG_SLOT_OUT_OF_RANGE;
     int64_t islot = -1;
     bool ix_write = false;
     if (e.nik > 0) {
-      islot = e.index_slot_mapping[r];
+      islot = own.ix[static_cast<size_t>(r)] ? e.index_slot_mapping[r] : -1;
       ix_write = islot >= 0 && islot < ix_cap;
       if (islot >= ix_cap) fl |= M3QKV_FLAG_INDEX_SLOT_OUT_OF_RANGE;
     }
@@ -223,13 +242,16 @@ void epilogue_rows(const Epi& e, RowFn&& row, int64_t r0, int64_t r1, uint32_t* 
   if (flags) *flags |= fl;
 }
 
-// Rows split over threads; tokens write disjoint bytes when slots are unique.
+// Rows split over threads; tokens write disjoint bytes (one owner per slot).
 template <class RowFn>
 void epilogue_all(const Epi& e, RowFn&& row, uint32_t* flags) {
+  Owners own;
+  own.kv = slot_owners(e.slot_mapping, e.m);
+  if (e.nik > 0) own.ix = slot_owners(e.index_slot_mapping, e.m);
   std::atomic<uint32_t> fl{0};
   parallel_for(e.m, 64, [&](int64_t b, int64_t en) {
     uint32_t f = 0;
-    epilogue_rows(e, row, b, en, &f);
+    epilogue_rows(e, own, row, b, en, &f);
     fl.fetch_or(f);
   });
   if (flags) *flags |= fl.load();

@@ -23,7 +23,8 @@ std::string ProblemConfig::describe() const {
      << " max_position=" << max_position << " q_bf16=" << q_bf16 << " q_fp8=" << q_fp8
      << " q_fp8_scale=" << q_fp8_scale << " k_scale=" << k_scale << " v_scale=" << v_scale << " eps=" << eps
      << " exact=" << exact_data << " seed=" << seed << " skip=" << slot_skip_fraction
-     << " oor_slots=" << out_of_range_slots << " oor_positions=" << out_of_range_positions
+     << " oor_slots=" << out_of_range_slots << " shared_slots=" << shared_slot_fraction
+     << " oor_positions=" << out_of_range_positions
      << " kv_dtype=" << kv_dtype << " index_dtype=" << index_dtype << " kv_head_major=" << kv_head_major
      << " kv_row_pad=" << kv_row_pad << " kv_interleaved=" << kv_interleaved << " x_bf16=" << x_bf16;
   return os.str();
@@ -134,7 +135,8 @@ void exact_bf16_activations(std::mt19937_64& rng, Problem& p) {
 
 // Unique slots drawn from [0, capacity) (a random subset, so they spread
 // over pages), then some turned into skips / out-of-range values.
-std::vector<int64_t> make_slots(std::mt19937_64& rng, int64_t m, int64_t capacity, double skip, bool oor) {
+std::vector<int64_t> make_slots(std::mt19937_64& rng, int64_t m, int64_t capacity, double skip, bool oor,
+                                double shared) {
   std::vector<int64_t> pool(static_cast<size_t>(capacity));
   for (int64_t i = 0; i < capacity; ++i) pool[size_t(i)] = i;
   for (int64_t i = 0; i < m; ++i) std::swap(pool[size_t(i)], pool[size_t(i + int64_t(rng() % uint64_t(capacity - i)))]);
@@ -145,6 +147,15 @@ std::vector<int64_t> make_slots(std::mt19937_64& rng, int64_t m, int64_t capacit
   for (int64_t i = 0; i < m; ++i) {
     if (ud(rng) < skip) s[size_t(i)] = (rng() % 4 == 0) ? negs[rng() % 4] : -1;
     else if (oor && ud(rng) < 0.15) s[size_t(i)] = bigs[rng() % 4];
+  }
+  // Shared slots after the skips and out-of-range values, which are shared too.
+  if (shared > 0.0 && m > 1) {
+    const int64_t hot = std::min<int64_t>(m, 3);
+    for (int64_t i = 0; i < m; ++i) {
+      if (ud(rng) >= shared) continue;
+      const int64_t j = rng() % 3 == 0 ? int64_t(rng() % uint64_t(hot)) : int64_t(rng() % uint64_t(m));
+      s[size_t(i)] = s[size_t(j)];
+    }
   }
   if (oor && m > 0) s[size_t(rng() % uint64_t(m))] = capacity;  // at least one
   return s;
@@ -244,9 +255,11 @@ Problem build_problem(const ProblemConfig& cfg_in) {
       if (ud(rng) < 0.2) v = bad[rng() % 6];
     p.positions[size_t(rng() % uint64_t(p.m))] = -1;  // at least one
   }
-  p.slot_mapping = make_slots(rng, p.m, p.kv_capacity(), cfg.slot_skip_fraction, cfg.out_of_range_slots);
+  p.slot_mapping = make_slots(rng, p.m, p.kv_capacity(), cfg.slot_skip_fraction, cfg.out_of_range_slots,
+                              cfg.shared_slot_fraction);
   if (p.nik)
-    p.index_slot_mapping = make_slots(rng, p.m, p.index_capacity(), cfg.slot_skip_fraction, cfg.out_of_range_slots);
+    p.index_slot_mapping = make_slots(rng, p.m, p.index_capacity(), cfg.slot_skip_fraction, cfg.out_of_range_slots,
+                                      cfg.shared_slot_fraction);
   return p;
 }
 

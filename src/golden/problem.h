@@ -63,6 +63,10 @@ struct ProblemConfig {
   uint64_t seed = 0;
   double slot_skip_fraction = 0.125;  // tokens whose slot (and, independently, index slot) is < 0
   bool out_of_range_slots = false;      // some slots / index slots >= capacity
+  // Tokens that take the slot (and, independently, the index slot) of another
+  // token, a third of them one of a few hot tokens' (docs/contract.md §4.4:
+  // the last token naming a slot writes it).
+  double shared_slot_fraction = 0.0;
   bool out_of_range_positions = false;  // some positions < 0 or >= max_position
   // Cache formats (docs/contract.md §4.3): m3qkv_cache_dtype of the KV and the index cache.
   int kv_dtype = 0;

@@ -48,12 +48,19 @@ __global__ void __launch_bounds__(kThreads, 1) m3qkv_portable_fused_kernel(const
       }
     }
     __syncthreads();
+    // Which of the tile's cache rows are theirs to write (q heads: none).
+    OwnerTable& owners = *reinterpret_cast<OwnerTable*>(smem + kSmemOwnersOff);
+    const uint32_t maps = epi::slot_maps_of(head_info(head, p.e.nq, p.e.nkv, p.e.niq).kind);
+    if (maps != 0u) {
+      epi::build_slot_owners(owners, p.e.slot_mapping, p.e.index_slot_mapping, maps, p.g.m, m0, kBM,
+                             static_cast<int>(threadIdx.x), kThreads, [] { __syncthreads(); });
+    }
 
     // The epilogue runs on the smem row in place (a register copy of 128
     // values next to the epilogue's loads would exceed 255 registers).
     if (threadIdx.x < kBM && m0 + threadIdx.x < p.g.m) {
       const int r = static_cast<int>(threadIdx.x);
-      epi::epilogue_head_row(p.e, m0 + r, head, smC + r * kLdC);
+      epi::epilogue_head_row(p.e, owners.view(), m0 + r, head, smC + r * kLdC);
     }
     __syncthreads();  // smC is the next tile's A/B staging area
   }

@@ -58,11 +58,28 @@ __device__ __forceinline__ LaneRowOf lane_rows_row(const InsertParams& p, int64_
 // One (32/L-row group, head) item of L-lane rows, the head of class H; guess:
 // the lane's row_guess for it, or null.
 template <int L, epi::RowHeads H>
-__device__ __forceinline__ void lane_rows_item(const InsertParams& p, int64_t n, int head, int64_t group,
-                                               const epi::RowGuess* guess) {
+__device__ __forceinline__ void lane_rows_item(const InsertParams& p, const epi::SlotOwners& own, int64_t n, int head,
+                                               int64_t group, const epi::RowGuess* guess) {
   const LaneRowOf lr = lane_rows_row<L>(p, group, static_cast<int>(threadIdx.x % 32));
   const epi::Bf16Row src{p.qkv + (lr.valid ? lr.row : 0) * n + static_cast<int64_t>(head) * kHeadDim};
-  epi::lane_row_epilogue<L, H>(p.e, head, lr.row, lr.valid, src, guess);
+  epi::lane_row_epilogue<L, H>(p.e, own, head, lr.row, lr.valid, src, guess);
+}
+
+// Slot ownership (common/slot_owners.cuh) per CTA round: the kWarps items a
+// round gives the CTA's warps cover at most kWarps + 1 row groups of kRows
+// rows (consecutive items, one or more heads per group), with both slot
+// words where the items mix heads.
+constexpr int kInsertWarps = kInsertThreads / 32;
+template <int kRows>
+using InsertOwners = epi::SlotOwnerTable<2 * (kInsertWarps + 1) * kRows>;
+
+// Fills `t` for row groups [g0, g1] (every thread of the CTA calls it).
+template <int kRows>
+__device__ __forceinline__ void insert_owners(InsertOwners<kRows>& t, const InsertParams& p, int64_t g0, int64_t g1) {
+  const uint32_t maps = epi::kSlotMapKv | (p.e.nik > 0 ? epi::kSlotMapIndex : 0u);
+  epi::build_slot_owners(t, p.e.slot_mapping, p.e.index_slot_mapping, maps, p.m, g0 * kRows,
+                         static_cast<int>(g1 - g0 + 1) * kRows, static_cast<int>(threadIdx.x), kInsertThreads,
+                         [] { __syncthreads(); });
 }
 
 // L-lane rows, a warp-uniform loop over the items. Lc == Lq: (row group,
@@ -111,7 +128,8 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
     return epi::row_guess<epi::kRowGuessDest<Lq>>(p.e, hi, lr.row, lr.valid);
   };
 
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int warp = static_cast<int>(threadIdx.x / 32);
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   Item t{};
   epi::RowGuess guess{};
   if (kGuess && first < items) {
@@ -121,19 +139,33 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
   griddepcontrol_wait();  // qkv is typically the previous grid's output (the GEMM)
   griddepcontrol_launch_dependents();
 
-  for (int64_t it = first; it < items; it += static_cast<int64_t>(gridDim.x) * kWarps) {
-    if (!kGuess || it != first) {  // a capped grid (m3qkv_insert_args.grid): later items guess after the wait
-      t = decode(it);
-      if (kGuess) guess = guess_of(t);
+  // CTA rounds of kWarps items (uniform over the CTA: the owner table's
+  // barriers): the table of the round's cache rows, then one item per warp.
+  __shared__ InsertOwners<kRowsC> owners;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarps; base < items; base += step) {
+    const int64_t end = base + kWarps < items ? base + kWarps : items;  // the round's items [base, end)
+    // Its cache items [base, cache_end) (Lc == Lq: any item may be one).
+    const int64_t cache_end = Lc == Lq || end < cache_items ? end : cache_items;
+    const bool table = base < cache_end;
+    if (table) insert_owners<kRowsC>(owners, p, decode(base).group, decode(cache_end - 1).group);
+    const int64_t it = base + warp;
+    if (it < items) {
+      if (!kGuess || it != first) {  // a capped grid (m3qkv_insert_args.grid): later items guess after the wait
+        t = decode(it);
+        if (kGuess) guess = guess_of(t);
+      }
+      const epi::RowGuess* sp = kGuess ? &guess : nullptr;
+      const epi::SlotOwners own = owners.view();
+      if constexpr (Lc == Lq) {
+        lane_rows_item<Lq, epi::RowHeads::kAny>(p, own, n, t.head, t.group, sp);
+      } else if (t.cache) {  // warp-uniform
+        lane_rows_item<Lc, epi::RowHeads::kCache>(p, own, n, t.head, t.group, sp);
+      } else {
+        lane_rows_item<Lq, epi::RowHeads::kQuery>(p, own, n, t.head, t.group, sp);
+      }
     }
-    const epi::RowGuess* sp = kGuess ? &guess : nullptr;
-    if constexpr (Lc == Lq) {
-      lane_rows_item<Lq, epi::RowHeads::kAny>(p, n, t.head, t.group, sp);
-    } else if (t.cache) {  // warp-uniform
-      lane_rows_item<Lc, epi::RowHeads::kCache>(p, n, t.head, t.group, sp);
-    } else {
-      lane_rows_item<Lq, epi::RowHeads::kQuery>(p, n, t.head, t.group, sp);
-    }
+    if (table) __syncthreads();  // the table is the next round's
   }
 }
 
@@ -171,8 +203,18 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
   const int64_t items = (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int q = lane % 4;
-  for (int64_t it = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32; it < items;
-       it += static_cast<int64_t>(gridDim.x) * kWarps) {
+  // CTA rounds of kWarps items, each with the owner table of its rows
+  // (insert_lane_rows says why).
+  __shared__ InsertOwners<kInsertRowsPerWarp> owners;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarps; base < items; base += step) {
+    const int64_t end = base + kWarps < items ? base + kWarps : items;
+    insert_owners<kInsertRowsPerWarp>(owners, p, base / heads, (end - 1) / heads);
+    const int64_t it = base + threadIdx.x / 32;
+    if (it >= items) {
+      __syncthreads();
+      continue;
+    }
     const int head = static_cast<int>(it % heads);
     const int64_t row = it / heads * kInsertRowsPerWarp + lane / 4;
     const bool valid = row < p.m;
@@ -186,6 +228,7 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
       y[2 * j] = bf16_to_f32(static_cast<uint16_t>(w & 0xffffu));
       y[2 * j + 1] = bf16_to_f32(static_cast<uint16_t>(w >> 16));
     }
-    epi::quad_row_epilogue(p.e, qh, row, valid, y, q);
+    epi::quad_row_epilogue(p.e, owners.view(), qh, row, valid, y, q);
+    __syncthreads();  // the table is the next round's
   }
 }

@@ -29,6 +29,7 @@
 
 #include "common/layouts.h"
 #include "common/numerics.h"
+#include "common/slot_owners.cuh"
 #include "ptx/cvt.cuh"
 #include "ptx/ldmatrix.cuh"
 #include "ptx/mma_sync.cuh"
@@ -60,7 +61,12 @@ constexpr int kSmemBBytes = kBN * kLdAB * 2;
 // row pitch puts the 32 rows of a warp in 32 different banks.
 constexpr int kLdC = kBN + 1;
 constexpr int kSmemCBytes = kBM * kLdC * 4;
-constexpr int kSmemBytes = (kSmemABytes + kSmemBBytes) > kSmemCBytes ? (kSmemABytes + kSmemBBytes) : kSmemCBytes;
+constexpr int kSmemTileBytes = (kSmemABytes + kSmemBBytes) > kSmemCBytes ? (kSmemABytes + kSmemBBytes) : kSmemCBytes;
+// The fused kernel's slot-owner table of its tile's rows (one head kind per
+// tile: kBM keys; common/slot_owners.cuh), after the tiles.
+using OwnerTable = epi::SlotOwnerTable<kBM>;
+constexpr int kSmemOwnersOff = (kSmemTileBytes + 15) / 16 * 16;
+constexpr int kSmemBytes = kSmemOwnersOff + static_cast<int>(sizeof(OwnerTable));
 static_assert((kLdAB * 2) % 16 == 0 && (kLdAB * 2) % 128 == 16, "ldmatrix rows: 16-B aligned, conflict-free");
 static_assert(kSmemABytes % 16 == 0, "B tile 16-B aligned");
 static_assert(kSmemBytes <= 99 * 1024, "fits the sm_80+ opt-in smem with room for 2 CTAs/SM");

@@ -60,11 +60,17 @@ struct Config {
   // full[S], empty[S], tmem_full[2], tmem_empty[2], tmem_ovl[2], + TMEM base word
   static constexpr uint32_t kBarrierBytes = (2 * kMaxStages + 3 * kNumAccBufs) * 8 + 16;
   static constexpr uint32_t kAlignSlack = 1024;  // dynamic smem base rounded up to 1024 B in the kernel
-  static constexpr uint32_t kStages = (kSmemPerBlockOptin - kAlignSlack - kBarrierBytes) / kStageBytes > kMaxStages
-                                          ? kMaxStages
-                                          : (kSmemPerBlockOptin - kAlignSlack - kBarrierBytes) / kStageBytes;
+  // One slot-owner table per epilogue warpgroup (its head's 128 rows of the
+  // tile; common/slot_owners.cuh), after the barriers: 3 KiB each, which the
+  // stages leave free (6 stages either way).
+  using OwnerTable = epi::SlotOwnerTable<BM>;
+  static constexpr uint32_t kOwnersBytes = sizeof(OwnerTable) * CG;
+  static constexpr uint32_t kStagesFit = (kSmemPerBlockOptin - kAlignSlack - kBarrierBytes - kOwnersBytes) / kStageBytes;
+  static constexpr uint32_t kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
   static_assert(kStages >= 3, "pipeline needs at least 3 stages");
-  static constexpr uint32_t kSmemBytes = kAlignSlack + kStages * kStageBytes + kBarrierBytes;
+  static constexpr uint32_t kOwnersOff = kStages * kStageBytes + kBarrierBytes;  // from the aligned base
+  static constexpr uint32_t kSmemBytes = kAlignSlack + kOwnersOff + kOwnersBytes;
+  static_assert(kOwnersOff % 8 == 0, "owner tables: 8-B words");
   static_assert(kSmemBytes <= kSmemPerBlockOptin, "shared memory budget");
   // > half of the SM's shared memory: one CTA per SM, so TMEM (512 columns)
   // and the register split below are never shared with another CTA of ours.
@@ -93,6 +99,8 @@ struct Config {
   static_assert(CG == 1 || kProducerRegs * 128 + kEpilogueRegs * 128 * CG <= kLaunchRegs * kNumThreads,
                 "register split must fit the CTA's launch-time register pool");
   static_assert(CG == 1 || kNumNonEpiWarps == 4, "producer warps form warpgroup 0");
+  // Named barrier of epilogue warpgroup wg (0 is __syncthreads): its owner table's build.
+  static constexpr uint32_t kOwnersBarrier0 = 1;
 
   // ---- Tensor Memory map (columns; every lane) ------------------------------
   // Accumulator buffer b starts at kAccBase[b]. At cta_group 2 two N = 256

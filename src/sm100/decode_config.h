@@ -71,7 +71,12 @@ struct DecodeConfig {
   static constexpr uint32_t kNumAccBufs = 2;
   static constexpr uint32_t kBarrierBytes = (2 * kMaxStages + 2 * kNumAccBufs) * 8 + 16;
   static constexpr uint32_t kAlignSlack = 1024;  // dynamic smem base rounded up to 1024 B in the kernel
-  static constexpr uint32_t kStagesFit = (kSmemPerBlockOptin - kAlignSlack - kBarrierBytes - kTileBytes) / kStageBytes;
+  // The last arriver's slot-owner table of its token block (splitk::finish_unit;
+  // common/slot_owners.cuh), after the barriers (2-4 KiB: no stage lost).
+  using OwnerTable = epi::SlotOwnerTable<NT>;
+  static constexpr uint32_t kOwnersBytes = sizeof(OwnerTable);
+  static constexpr uint32_t kStagesFit =
+      (kSmemPerBlockOptin - kAlignSlack - kBarrierBytes - kOwnersBytes - kTileBytes) / kStageBytes;
   static constexpr uint32_t kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
   static constexpr uint32_t kTileOff = 0;
   static constexpr uint32_t kStageOff = kTileOff + kTileBytes;
@@ -80,7 +85,9 @@ struct DecodeConfig {
   static constexpr uint32_t kSfwOff = kWBytes + kXBytes;
   static constexpr uint32_t kSfxOff = kSfwOff + kSfwBytes;
   static constexpr uint32_t kBarOff = kStageOff + kStages * kStageBytes;
-  static constexpr uint32_t kSmemBytes = kAlignSlack + kBarOff + kBarrierBytes;
+  static constexpr uint32_t kOwnersOff = kBarOff + kBarrierBytes;
+  static constexpr uint32_t kSmemBytes = kAlignSlack + kOwnersOff + kOwnersBytes;
+  static_assert(kOwnersOff % 8 == 0, "owner table: 8-B words");
   static_assert(kStages >= 4, "at least 4 stages (64 KiB of weights) in flight per SM");
   static_assert(kSmemBytes <= kSmemPerBlockOptin, "shared memory budget");
   static_assert(kStageOff % 1024 == 0 && kStageBytes % 1024 == 0 && kXOff % 1024 == 0,

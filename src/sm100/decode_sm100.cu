@@ -180,7 +180,7 @@ __device__ __forceinline__ void load_accumulator(uint32_t taddr, float* T, int c
 
 template <int NT>
 __device__ __forceinline__ void epilogue(const DecodeParams& p, const Smem<NT>& sm, uint32_t tmem_base, float* T,
-                                         volatile uint32_t* flag) {
+                                         typename DecodeConfig<NT>::OwnerTable* owners, volatile uint32_t* flag) {
   using C = DecodeConfig<NT>;
   const uint32_t warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int t = static_cast<int>(threadIdx.x) - static_cast<int>(32 * C::kFirstEpiWarp);  // 0 .. 255
@@ -201,7 +201,7 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const Smem<NT>& 
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(sm.tmem_empty(buf));
     ptx::bar_sync(C::kEpiBarrier, C::kEpiThreads);
-    splitk::finish_unit<NT, C::kEpiThreads, C::kEpiBarrier>(p, w, u, t, T, flag, p.test_skip_split, [] {});
+    splitk::finish_unit<NT, C::kEpiThreads, C::kEpiBarrier>(p, w, u, t, T, owners, flag, p.test_skip_split, [] {});
   }
 }
 
@@ -222,6 +222,7 @@ __global__ void __launch_bounds__(m3qkv::sm100::decode::DecodeConfig<NT>::kNumTh
   sm.base = (ptx::smem_u32(smem_raw) + 1023u) & ~1023u;
   uint8_t* smem_gen = smem_raw + (sm.base - ptx::smem_u32(smem_raw));
   float* T = reinterpret_cast<float*>(smem_gen + C::kTileOff);
+  auto* owners = reinterpret_cast<typename C::OwnerTable*>(smem_gen + C::kOwnersOff);
   volatile uint32_t* flag = reinterpret_cast<volatile uint32_t*>(smem_gen + (sm.flag() - sm.base));
   const volatile uint32_t* tmem_base_ptr = reinterpret_cast<const volatile uint32_t*>(smem_gen + (sm.tmem_slot() - sm.base));
   const uint32_t warp = threadIdx.x / 32;
@@ -287,7 +288,7 @@ __global__ void __launch_bounds__(m3qkv::sm100::decode::DecodeConfig<NT>::kNumTh
       __syncwarp();  // reconverge (tcgen05.dealloc is .sync.aligned)
     } else {
       // =========================================================== epilogue
-      epilogue<NT>(p, sm, tmem_base, T, flag);
+      epilogue<NT>(p, sm, tmem_base, T, owners, flag);
     }
   }
 

@@ -34,6 +34,7 @@
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
+#include "ptx/sm90_extra.cuh"  // bar_sync
 
 // The tcgen05 emulation (issue 6) runs the MMA issuer's and the TMA forms'
 // functional models inside the producer warps, code far larger than the 24
@@ -336,9 +337,22 @@ __global__ void __launch_bounds__(m3qkv::sm100::Config<CG>::kNumThreads, 1)
     const uint32_t quarter = warp % 4;  // TMEM lane quarter this warp may access
     const uint32_t row_in_cta = quarter * 32 + lane;
     const uint32_t lane_addr = (quarter * 32) << 16;
+    auto& owners = reinterpret_cast<typename C::OwnerTable*>(smem_gen + C::kOwnersOff)[wg];
     for (int32_t t = first_tile<CG>(), i = 0; t < p.num_tiles; t += tile_stride<CG>(), ++i) {
       int32_t mt, nt;
       tile_coords(t, p, &mt, &nt);
+      const int64_t m0 = static_cast<int64_t>(mt) * C::kRowsPerTile + rank * C::BM;
+      const int32_t head = nt * CG + static_cast<int32_t>(wg);
+      // The warpgroup's slot owners for its 128 rows, built while the MMA
+      // runs (its named barrier first orders the previous tile's queries).
+      const uint32_t maps =
+          head < p.num_heads ? epi::slot_maps_of(head_info(head, p.ep.nq, p.ep.nkv, p.ep.niq).kind) : 0u;
+      if (maps != 0u) {
+        auto sync = [wg] { bar_sync(C::kOwnersBarrier0 + wg, 128); };
+        sync();
+        epi::build_slot_owners(owners, p.ep.slot_mapping, p.ep.index_slot_mapping, maps, p.m, m0, C::BM,
+                               static_cast<int>(row_in_cta), 128, sync);
+      }
       const uint32_t buf = pipe::acc_buf(static_cast<uint32_t>(i));
       if constexpr (CG == 1)
         mbarrier_wait(tmem_full_bar(buf), pipe::acc_full_parity(static_cast<uint32_t>(i)));
@@ -376,8 +390,7 @@ __global__ void __launch_bounds__(m3qkv::sm100::Config<CG>::kNumThreads, 1)
       float x[128];
 #pragma unroll
       for (int c = 0; c < 128; ++c) x[c] = __uint_as_float(r[c / 32][c % 32]);
-      const int64_t m = static_cast<int64_t>(mt) * C::kRowsPerTile + rank * C::BM + row_in_cta;
-      const int32_t head = nt * CG + static_cast<int32_t>(wg);
+      const int64_t m = m0 + row_in_cta;
       // Rows past M and the phantom head (odd head count at cta_group 2:
       // computed from TMA zero-fill) are never stored.
       if (m < p.m && head < p.num_heads) {
@@ -386,7 +399,7 @@ __global__ void __launch_bounds__(m3qkv::sm100::Config<CG>::kNumThreads, 1)
 #pragma unroll
           for (int c = 0; c < 32; ++c) dst[c] = make_float4(x[4 * c], x[4 * c + 1], x[4 * c + 2], x[4 * c + 3]);
         }
-        epi::epilogue_head_row(p.ep, m, head, x);
+        epi::epilogue_head_row(p.ep, owners.view(), m, head, x);
       }
     }
   }

@@ -122,12 +122,18 @@ struct Config {
   static constexpr int kBarrierWords = 2 * kMaxStages + 2 * 3 + 1;  // full, empty, bfull, bempty (<= 3 slots), tfree
   static constexpr int kBarrierBytes = kBarrierWords * 8 + 16;      // + the unit flag word
   static constexpr int kAlignSlack = kSwizzleAtom;  // dynamic smem base rounded up to 1024 B
-  static constexpr int kStagesFit = (kSmemLimit - kAlignSlack - kBarrierBytes - kRingBytes) / kStageBytes;
+  // The last arriver's slot-owner table of its token block (splitk::finish_unit;
+  // common/slot_owners.cuh), after the barriers: it fits beside every
+  // instance's stages without costing one (2-4 KiB).
+  using OwnerTable = epi::SlotOwnerTable<NT>;
+  static constexpr int kOwnersBytes = static_cast<int>(sizeof(OwnerTable));
+  static constexpr int kStagesFit = (kSmemLimit - kAlignSlack - kBarrierBytes - kOwnersBytes - kRingBytes) / kStageBytes;
   static constexpr int kStages = kStagesFit > kMaxStages ? kMaxStages : kStagesFit;
   static constexpr int kRingOff = 0;
   static constexpr int kStageOff = kRingOff + kRingBytes;
   static constexpr int kBarOff = kStageOff + kStages * kStageBytes;
-  static constexpr int kSmemBytes = kAlignSlack + kBarOff + kBarrierBytes;
+  static constexpr int kOwnersOff = kBarOff + kBarrierBytes;
+  static constexpr int kSmemBytes = kAlignSlack + kOwnersOff + kOwnersBytes;
   // in-stage offsets
   static constexpr int kWOff = 0;
   static constexpr int kXOff = kWBytes;
@@ -141,6 +147,7 @@ struct Config {
   static constexpr int kTFreeOff = kBEmptyOff + 8 * 3;
   static constexpr int kFlagOff = kTFreeOff + 8;
   static_assert(kFlagOff + 16 <= kBarrierBytes, "barrier block");
+  static_assert(kOwnersOff % 8 == 0, "owner table: 8-B words");
   // Arrivals: a raw stage is read by every consumer (W, wsf; with bf16
   // activations also X, through wgmma: released once that group retired) and
   // every transform thread (X, xsf); a B slot is written by every transform

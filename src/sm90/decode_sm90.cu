@@ -253,7 +253,7 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
 // epilogue). Returns after a barrier that frees T / the B ring.
 template <int NT>
 __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit& w, int u, float (&acc)[NT / 2],
-                                            float* T, volatile uint32_t* flag) {
+                                            float* T, epi::SlotOwnerTable<NT>* owners, volatile uint32_t* flag) {
   const int t = threadIdx.x;
   const int wg = t / kWarpgroup, warp = (t % kWarpgroup) / 32, l = t % 32, q = l % 4;
   const int r0 = 64 * wg + 16 * warp + l / 4;
@@ -265,7 +265,7 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
 #pragma unroll
       for (int b = 0; b < 2; ++b) T[tile_index(8 * j + 2 * q + b, r0 + 8 * h)] = acc[4 * j + 2 * h + b];
   ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed>(p, w, u, t, T, flag, /*skip_split=*/-1, [&] {
+  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed>(p, w, u, t, T, owners, flag, /*skip_split=*/-1, [&] {
     if (t == 0) trace_event(p, kTrArrived);
   });
 }
@@ -328,6 +328,7 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
   const int wg = t / kWarpgroup, warp = (t % kWarpgroup) / 32, l = t % 32, q = l % 4;
   const int r = 64 * wg + 16 * warp + l / 4;  // weight rows r and r + 8 of the head
   float* T = reinterpret_cast<float*>(smem + C::kRingOff);
+  auto* owners = reinterpret_cast<typename C::OwnerTable*>(smem + C::kOwnersOff);
   griddepcontrol_wait();  // the epilogue reads inputs and the workspace of this launch
 
   Ring<C::kStages> ring;
@@ -366,7 +367,7 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
     if (t == 0) trace_event(p, kTrMainDone);
     // Both warpgroups' wgmmas have read the B ring before T overwrites it.
     ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-    lasts += finish_unit<NT>(p, w, u, acc, T, flag) ? 1 : 0;
+    lasts += finish_unit<NT>(p, w, u, acc, T, owners, flag) ? 1 : 0;
     // Every thread's T accesses are done: each releases them to the transform.
     if constexpr (C::kTransform) ptx::mbarrier_arrive(b.tfree);
     if (t == 0) trace_event(p, kTrEpiDone);

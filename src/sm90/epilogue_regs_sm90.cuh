@@ -10,9 +10,25 @@
 #pragma once
 
 #include "common/epilogue_quad.cuh"
+#include "common/slot_owners.cuh"
 #include "sm90/kernel_sm90.cuh"
 
 namespace m3qkv::sm90 {
+
+// The slot owners of one warpgroup's 64-row block (common/slot_owners.cuh;
+// a Config region per warpgroup), built by its 128 threads at named barrier
+// `bar`; the first barrier orders the previous block's queries before the
+// table is refilled. q / index_q heads: nothing to build.
+using BlockOwners = epi::SlotOwnerTable<kRowsPerWg>;
+__device__ __forceinline__ void block_owners(BlockOwners& t, const KernelParams& p, const Tile& tl, int64_t row_base,
+                                             uint32_t bar) {
+  const uint32_t maps = epi::slot_maps_of(head_info(tl.head, p.epi.nq, p.epi.nkv, p.epi.niq).kind);
+  if (maps == 0u) return;  // uniform: one head per tile
+  auto sync = [bar] { ptx::bar_sync(bar, kWarpgroup); };
+  sync();
+  epi::build_slot_owners(t, p.epi.slot_mapping, p.epi.index_slot_mapping, maps, p.m, row_base, kRowsPerWg,
+                         static_cast<int>(threadIdx.x % kWarpgroup), kWarpgroup, sync);
+}
 
 // The register epilogue of one 64 x 128 block in the fragment layout, its
 // values delivered by `value(i)` = fragment register i of this thread
@@ -22,8 +38,9 @@ namespace m3qkv::sm90 {
 // (split-K spread over the cluster: splitk_reduce_spread); the others are
 // neither computed nor stored. Warp-uniform.
 template <class Value>
-__device__ __forceinline__ void epilogue_block_frag(const KernelParams& p, const Value& value, const Tile& tl,
-                                                    int64_t row_base, uint32_t hmask) {
+__device__ __forceinline__ void epilogue_block_frag(const KernelParams& p, const epi::SlotOwners& own,
+                                                    const Value& value, const Tile& tl, int64_t row_base,
+                                                    uint32_t hmask) {
   const int t = threadIdx.x % kWarpgroup;
   const int l = t % 32;
   const int q = l % 4;
@@ -45,13 +62,14 @@ __device__ __forceinline__ void epilogue_block_frag(const KernelParams& p, const
 #pragma unroll
       for (int j = 0; j < kBN / 8; ++j) *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
     }
-    epi::quad_row_epilogue(p.epi, head, row, row < p.m, y, q);
+    epi::quad_row_epilogue(p.epi, own, head, row, row < p.m, y, q);
   }
 }
 
-__device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, float (&acc)[64], const Tile& tl,
-                                                    int64_t row_base, uint32_t hmask = 3u) {
-  epilogue_block_frag(p, [&](int i) { return acc[i]; }, tl, row_base, hmask);
+__device__ __forceinline__ void epilogue_block_regs(const KernelParams& p, const epi::SlotOwners& own,
+                                                    float (&acc)[64], const Tile& tl, int64_t row_base,
+                                                    uint32_t hmask = 3u) {
+  epilogue_block_frag(p, own, [&](int i) { return acc[i]; }, tl, row_base, hmask);
 }
 
 // The prefill kernel's hand-off (prefill_sm90.cu): consumer thread t of a
@@ -63,10 +81,10 @@ __device__ __forceinline__ void handoff_store(float* buf, const float (&acc)[64]
 #pragma unroll
   for (int i = 0; i < 64; ++i) buf[i * kWarpgroup + t] = acc[i];
 }
-__device__ __forceinline__ void epilogue_block_handoff(const KernelParams& p, const float* buf, const Tile& tl,
-                                                       int64_t row_base) {
+__device__ __forceinline__ void epilogue_block_handoff(const KernelParams& p, const epi::SlotOwners& own,
+                                                       const float* buf, const Tile& tl, int64_t row_base) {
   const int t = threadIdx.x % kWarpgroup;
-  epilogue_block_frag(p, [&](int i) { return buf[i * kWarpgroup + t]; }, tl, row_base, 3u);
+  epilogue_block_frag(p, own, [&](int i) { return buf[i * kWarpgroup + t]; }, tl, row_base, 3u);
 }
 
 // The end of one tile in variant A's consumer warpgroup: the split-K
@@ -74,17 +92,20 @@ __device__ __forceinline__ void epilogue_block_handoff(const KernelParams& p, co
 // register epilogue of the rows this CTA finalizes. `part` / `part_s`: this
 // CTA's partial buffer (generic / shared::cta address); `red_phase` toggles
 // per tile.
+// `owners` / `owners_bar`: this warpgroup's table and named barrier (block_owners).
 template <bool kSplit>
 __device__ __forceinline__ void finish_tile(const KernelParams& p, float (&acc)[64], const Tile& tl, int64_t row_base,
                                             uint32_t rank, float* part, uint32_t part_s, uint32_t red_full,
-                                            uint32_t red_empty, uint32_t* red_phase, bool first_tile) {
+                                            uint32_t red_empty, uint32_t* red_phase, bool first_tile,
+                                            BlockOwners& owners, uint32_t owners_bar) {
   uint32_t hmask = 3u;
   if constexpr (kSplit) {
     hmask = splitk_reduce_spread(p, acc, rank, part, part_s, red_full, red_empty, *red_phase, first_tile);
     *red_phase ^= 1u;
     if (threadIdx.x % kWarpgroup == 0) trace_event(p, kTrConsReduced);  // split: one consumer warpgroup
   }
-  epilogue_block_regs(p, acc, tl, row_base, hmask);
+  block_owners(owners, p, tl, row_base, owners_bar);
+  epilogue_block_regs(p, owners.view(), acc, tl, row_base, hmask);
 }
 
 }  // namespace m3qkv::sm90

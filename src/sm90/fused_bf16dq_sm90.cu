@@ -77,7 +77,12 @@ struct Bf16DqCfg {
   static constexpr int kSfbOff = kSfaOff + kRawStages * kSfaBytes;
   static constexpr int kStgOff = kSfbOff + kRawStages * kSfChunk;
   static constexpr int kBarOff = kStgOff + kStagingBytes;
-  static constexpr int kSmemBytes = kBarOff + 8 * (2 * kRawStages + 2 * kBfStages + 2) + kSwizzleAtom;
+  // Each consumer warpgroup's slot-owner table (epilogue_regs_sm90.cuh
+  // block_owners), at named barrier kOwnersBarrier0 + its index.
+  static constexpr int kOwnersOff = kBarOff + 8 * (2 * kRawStages + 2 * kBfStages + 2);
+  static constexpr int kOwnersBytes = kCons * static_cast<int>(sizeof(BlockOwners));
+  static constexpr uint32_t kOwnersBarrier0 = 1;
+  static constexpr int kSmemBytes = kOwnersOff + kOwnersBytes + kSwizzleAtom;
   static constexpr int kLaunchBound = kThreads;
   // BM 128 with 2 transform warpgroups: 640 threads get 96 registers each at
   // launch (65536 / 640 rounded down to the allocation granule of 8), so
@@ -88,8 +93,10 @@ struct Bf16DqCfg {
   static constexpr int kTransformRegs = kTight ? 56 : 96;
   static constexpr int kConsumerRegs = kTight ? 168 : 232;
 
-  static_assert(kRawStages * kRawStageBytes + kBfStages * kBfStageBytes + kStagingBytes + kReserve <= kSmemLimit,
+  static_assert(kRawStages * kRawStageBytes + kBfStages * kBfStageBytes + kStagingBytes + kOwnersBytes + kReserve <=
+                    kSmemLimit,
                 "shared memory budget");
+  static_assert(kOwnersOff % 8 == 0, "owner tables: 8-B words");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory budget");
   static_assert(!kSplit || kCons == 1, "split-K: one consumer warpgroup");
   static_assert(!kPreA || (kCons == 2 && !kSplit), "kPreA: the one prefill instance (BM 128, no split-K)");
@@ -289,7 +296,8 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kSplit, kPreA>::kLaunchBound,
       if (cons_t0) trace_event(p, kTrConsMainDone);
       const int64_t row_base = static_cast<int64_t>(tl.mb) * kBM + kRowsPerWg * cw;
       finish_tile<kSplit>(p, acc, tl, row_base, rank, reinterpret_cast<float*>(gbase + C::kStgOff), base + C::kStgOff,
-                          red_full, red_empty, &red_phase, ti == wk.first);
+                          red_full, red_empty, &red_phase, ti == wk.first,
+                          reinterpret_cast<BlockOwners*>(gbase + C::kOwnersOff)[cw], C::kOwnersBarrier0 + cw);
       if (cons_t0) trace_event(p, kTrConsEpiDone);
     }
   }

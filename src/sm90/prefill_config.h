@@ -7,6 +7,7 @@
 // Every shared-memory byte and register budget derived here, once.
 #pragma once
 
+#include "sm90/epilogue_regs_sm90.cuh"  // BlockOwners
 #include "sm90/kernel_sm90.cuh"
 
 namespace m3qkv::sm90::prefill {
@@ -34,8 +35,15 @@ constexpr int kAOff = 0;
 constexpr int kBOff = kAOff + kStages * kABytes;
 constexpr int kHandoffOff = kBOff + kStages * kBBytes;
 constexpr int kBarOff = kHandoffOff + kHandoffBytes;
-constexpr int kSmemBytes = kBarOff + 8 * kBarriers + kSwizzleAtom;  // + the alignment slack
-static_assert(kSmemBytes <= kSmemLimit, "shared memory budget: 5 stages of 32 KiB + the 64 KiB hand-off");
+// The epilogue warpgroup's slot-owner table of the block it finishes next
+// (epilogue_regs_sm90.cuh block_owners), built while the consumers run, at
+// named barrier kOwnersBarrier (0 is __syncthreads).
+constexpr int kOwnersOff = kBarOff + 8 * kBarriers;
+constexpr uint32_t kOwnersBarrier = 1;
+constexpr int kSmemBytes = kOwnersOff + static_cast<int>(sizeof(BlockOwners)) + kSwizzleAtom;  // + the alignment slack
+static_assert(kSmemBytes <= kSmemLimit,
+              "shared memory budget: 5 stages of 32 KiB + the 64 KiB hand-off + the 1.5 KiB owner table");
+static_assert(kOwnersOff % 8 == 0, "owner table: 8-B words");
 static_assert(kABytes % kSwizzleAtom == 0 && kBBytes % kSwizzleAtom == 0, "tiles 1024-B aligned");
 static_assert(kBK * 2 == kSwizzleBytes, "one swizzle row of bf16 per tile row and stage");
 static_assert(kABytes == kBM * kSwizzleBytes && kBBytes == kBN * kSwizzleBytes, "produce_bf16's stage strides");

@@ -97,14 +97,16 @@ __global__ void __launch_bounds__(pf::kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<pf::kEpilogueRegs>();
     const bool epi_t0 = threadIdx.x == (1 + pf::kCons) * kWarpgroup;
+    BlockOwners& owners = *reinterpret_cast<BlockOwners*>(gbase + pf::kOwnersOff);
     uint32_t ho_phase = 0;
     for (int ti = blockIdx.x; ti < p.num_tiles; ti += gridDim.x) {
       const Tile tl = tile_of(p, ti);
 #pragma unroll 1
       for (int c = 0; c < pf::kCons; ++c) {
+        const int64_t row_base = static_cast<int64_t>(tl.mb) * pf::kBM + kRowsPerWg * c;
+        block_owners(owners, p, tl, row_base, pf::kOwnersBarrier);  // before the wait: overlaps the mainloop
         ptx::mbarrier_wait(ho_full0 + 8 * c, ho_phase);
-        epilogue_block_handoff(p, handoff + c * 64 * kWarpgroup, tl,
-                               static_cast<int64_t>(tl.mb) * pf::kBM + kRowsPerWg * c);
+        epilogue_block_handoff(p, owners.view(), handoff + c * 64 * kWarpgroup, tl, row_base);
         ptx::mbarrier_arrive(ho_empty0 + 8 * c);
       }
       ho_phase ^= 1u;

@@ -7,6 +7,7 @@
 // GPU suite checks the device builds (tests/gpu/test_cache_formats.cu).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -25,11 +26,19 @@ void run_host_epilogue(const Problem& p, const std::vector<float>& acc, m3qkv_te
   const m3qkv::epi::EpilogueParams e = m3qkv::epi::make_epilogue_params(a);
   const int heads = m3qkv::total_heads(p.nq, p.nkv, p.niq, p.nik);
   float x[128];
-  for (int64_t m = 0; m < p.m; ++m)
-    for (int h = 0; h < heads; ++h) {
-      std::memcpy(x, &acc[size_t(m * p.n() + h * 128)], sizeof x);
-      m3qkv::epi::epilogue_head_row(e, m, h, x);
-    }
+  // Blocks of 64 rows with their slot-owner table (both slot words), as a
+  // kernel's tile has (the table's host form: one thread, no barrier).
+  constexpr int kBlock = 64;
+  static m3qkv::epi::SlotOwnerTable<2 * kBlock> owners;
+  const uint32_t maps = m3qkv::epi::kSlotMapKv | (p.nik > 0 ? m3qkv::epi::kSlotMapIndex : 0u);
+  for (int64_t m0 = 0; m0 < p.m; m0 += kBlock) {
+    m3qkv::epi::build_slot_owners(owners, e.slot_mapping, e.index_slot_mapping, maps, p.m, m0, kBlock, 0, 1, [] {});
+    for (int64_t m = m0; m < std::min<int64_t>(m0 + kBlock, p.m); ++m)
+      for (int h = 0; h < heads; ++h) {
+        std::memcpy(x, &acc[size_t(m * p.n() + h * 128)], sizeof x);
+        m3qkv::epi::epilogue_head_row(e, owners.view(), m, h, x);
+      }
+  }
 }
 
 struct HostCase {

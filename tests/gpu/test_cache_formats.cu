@@ -18,6 +18,8 @@
 //    in each of its lane layouts (quad, warp, 8-lane rows, split c32q8, c16q8,
 //    c16q8 + guess) forced on a random bf16 projection (zero row, saturating
 //    row, all-zero V head).
+//  - SharedSlots/GpuCacheFormats.{Fused, Insert}: the same on calls where half
+//    the tokens share slots (docs/contract.md §4.4), NVFP4 included.
 //  - GpuCacheFormatsServing: the M3 serving shape (TP4, K = 6144, block 128)
 //    for FP8 and BF16 caches, fused and insert, through the public entry points.
 #include <gtest/gtest.h>
@@ -85,12 +87,14 @@ struct FmtCase {
   int layout;
   bool oor;
   int64_t m, k;
+  double shared = 0.0;  // ProblemConfig::shared_slot_fraction
 };
 std::string fmt_case_name(const FmtCase& c) {
   std::string s = std::string(c.heads.name) + "_kv" + fmt_name(c.kv) + "_ix" + fmt_name(c.ix) + "_B" +
                   std::to_string(c.block_size) + "_M" + std::to_string(c.m) + "_K" + std::to_string(c.k);
   if (c.kv != 0) s += std::string("_") + kLayouts[c.layout].name;
   if (c.oor) s += "_OutOfRange";
+  if (c.shared > 0.0) s += "_SharedSlots";
   return s;
 }
 void PrintTo(const FmtCase& c, std::ostream* os) { *os << fmt_case_name(c); }
@@ -120,6 +124,7 @@ ProblemConfig fmt_config(const FmtCase& c, bool exact) {
   cfg.slot_skip_fraction = c.oor ? 0.25 : 0.125;
   cfg.out_of_range_slots = c.oor;
   cfg.out_of_range_positions = c.oor;
+  cfg.shared_slot_fraction = c.shared;
   return cfg;
 }
 
@@ -273,6 +278,32 @@ TEST_P(GpuCacheFormats, Insert) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sweep, GpuCacheFormats, ::testing::ValuesIn(fmt_cases()),
+                         [](const ::testing::TestParamInfo<FmtCase>& i) { return fmt_case_name(i.param); });
+
+// Slot collisions (docs/contract.md §4.4): half the tokens share another
+// token's slot and index slot (some a few hot tokens'), so blocks, tiles,
+// warps and CTAs race for rows; every format, bit-exact with the golden
+// model, which writes the last sharer's row whole. M = 7 (one tile), 300
+// (many tiles, decode and split-K paths), 1100 (prefill-sized, many blocks).
+std::vector<FmtCase> shared_cases() {
+  std::vector<FmtCase> v;
+  int i = 0;
+  for (int kv : {0, 1, 2})
+    for (int ix : {0, 1, 2})
+      for (int64_t m : {7, 300}) {
+        FmtCase c{kTP4, kv, ix, (i % 2) ? 128 : 16, (i / 2) % 4, i % 3 == 1, m, 256};
+        c.shared = 0.5;
+        v.push_back(c);
+        ++i;
+      }
+  for (int f : {0, 1, 2}) {
+    FmtCase c{kTP8, f, f, 16, f, f == 1, 1100, 256};
+    c.shared = 0.5;
+    v.push_back(c);
+  }
+  return v;
+}
+INSTANTIATE_TEST_SUITE_P(SharedSlots, GpuCacheFormats, ::testing::ValuesIn(shared_cases()),
                          [](const ::testing::TestParamInfo<FmtCase>& i) { return fmt_case_name(i.param); });
 
 // The serving shape through the public entry points (automatic backend).
