@@ -95,11 +95,15 @@ M3_HD void owner_max(int32_t* a, int32_t v) {
 }
 
 // Fills `t` for rows [row0, row0 + rows) of a call of m rows (rows past m are
-// left out); rows · (maps == kSlotMapBoth ? 2 : 1) <= kKeys. Called by threads tid = 0 .. nthreads-1 of the block, all of
-// them; sync() is their barrier (__syncthreads or a named barrier), after
-// which t.view() answers for the block. slots / index_slots: the call's
+// left out); rows · (maps == kSlotMapBoth ? 2 : 1) <= kKeys. Called by threads
+// tid = 0 .. nthreads-1 of the block, all of them, after their last query of
+// the table's previous contents; sync() is their barrier (__syncthreads or a
+// named barrier), after which t.view() answers for the block. slots / index_slots: the call's
 // slot_mapping / index_slot_mapping (null where `maps` leaves it out).
-template <int kKeys, class Sync>
+// kBatch: later rows read per thread at a time (the cost of the pass is its
+// loads; 1 where registers are tight).
+constexpr int kOwnerBatch = 8;
+template <int kBatch = kOwnerBatch, int kKeys, class Sync>
 M3_HD void build_slot_owners(SlotOwnerTable<kKeys>& t, const int64_t* slots,
                                                   const int64_t* index_slots, uint32_t maps, int64_t m, int64_t row0,
                                                   int rows, int tid, int nthreads, const Sync& sync) {
@@ -130,24 +134,33 @@ M3_HD void build_slot_owners(SlotOwnerTable<kKeys>& t, const int64_t* slots,
     }
   }
   sync();
-  // Every later row: a slot the block holds goes to it.
-  for (int64_t row = row0 + n + tid; row < m; row += nthreads) {
+  // Every later row: a slot the block holds goes to it. kBatch rows per
+  // thread at a time (consecutive threads on consecutive rows): their loads
+  // are in flight together.
+  for (int64_t row0b = row0 + n + tid; row0b < m; row0b += static_cast<int64_t>(kBatch) * nthreads) {
+    int64_t s[kBatch][2];
 #pragma unroll
-    for (int w = 0; w < 2; ++w) {
-      if (w == 0 ? !kv : !ix) continue;
-      const int64_t s = (w == 0 ? slots : index_slots)[row];
-      if (s < 0) continue;
-      const unsigned long long k = slot_key(s, w == 1);
-      if (k == kSlotKeyEmpty) continue;
-      for (uint32_t h = slot_hash(k, kMask);; h = (h + 1) & kMask) {
-        const unsigned long long v = t.key[h];
-        if (v == k) {
-          owner_max(&t.last[h], static_cast<int32_t>(row));
-          break;
-        }
-        if (v == kSlotKeyEmpty) break;
-      }
+    for (int b = 0; b < kBatch; ++b) {
+      const int64_t row = row0b + static_cast<int64_t>(b) * nthreads;
+      s[b][0] = kv && row < m ? slots[row] : -1;
+      s[b][1] = ix && row < m ? index_slots[row] : -1;
     }
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b)
+#pragma unroll
+      for (int w = 0; w < 2; ++w) {
+        if (s[b][w] < 0) continue;
+        const unsigned long long k = slot_key(s[b][w], w == 1);
+        if (k == kSlotKeyEmpty) continue;
+        for (uint32_t h = slot_hash(k, kMask);; h = (h + 1) & kMask) {
+          const unsigned long long v = t.key[h];
+          if (v == k) {
+            owner_max(&t.last[h], static_cast<int32_t>(row0b + static_cast<int64_t>(b) * nthreads));
+            break;
+          }
+          if (v == kSlotKeyEmpty) break;
+        }
+      }
   }
   sync();
 }

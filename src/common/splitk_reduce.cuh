@@ -130,7 +130,9 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
   if (last) {
     const uint32_t maps = epi::slot_maps_of(head_info(w.head, p.epi.nq, p.epi.nkv, p.epi.niq).kind);
     if (maps != 0u) {  // uniform over the group: one head per unit
-      epi::build_slot_owners(*owners, p.epi.slot_mapping, p.epi.index_slot_mapping, maps, p.m,
+      // One word per thread at a time: the decode kernels sit at their register cap (168 at 384 / 320
+      // threads), and their M is small.
+      epi::build_slot_owners<1>(*owners, p.epi.slot_mapping, p.epi.index_slot_mapping, maps, p.m,
                              static_cast<int64_t>(w.tb) * NT, NT, t, kThreads, [] { ptx::bar_sync(kBarrier, kThreads); });
     }
   }

@@ -625,7 +625,7 @@ TEST(GpuServing, StreamChurnKeepsBoundedMemory) {
   Job j;
   j.p = make_problem(cfg);  // no golden accumulator: cycles are compared with the first
   CUDA_OK(j.in.upload(j.p));
-  CUDA_OK(j.out.init(j.p, 0, 0));
+  CUDA_OK(j.out.init(j.p, 1, 0));  // the poison the last cycle writes into again
   j.args = j.p.args_with(j.in.mapper(), j.out.ptrs());
   M3QKV_OK(m3qkv_fused_qkv(&j.args, nullptr));  // modules loaded, the default stream's head made
   CUDA_OK(cudaDeviceSynchronize());
