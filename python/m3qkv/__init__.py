@@ -28,6 +28,7 @@ active. docs/contract.md in the repository describes shapes, layouts, numerics.
 from __future__ import annotations
 
 import ctypes
+import functools
 
 import torch
 
@@ -118,6 +119,28 @@ def mxfp8_quantize(x, *, use_pdl=True):
         return f(x, use_pdl=use_pdl)
     except (ValueError, RuntimeError) as e:
         raise _capi.from_native(e) from None
+
+
+def _cpp_op_function(documented, op):
+    """A module function with the C++ ops bound: the op itself, given the
+    caller's arguments as they are (torch parses those, not every default
+    spelled out: 3.6 us a call of fused_qkv on this repository's CI host),
+    its C errors re-raised as the M3qkvError subclasses. Signature and
+    docstring: `documented`'s."""
+    @functools.wraps(documented)
+    def call(*args, **kwargs):
+        try:
+            return op(*args, **kwargs)
+        except (ValueError, RuntimeError) as e:
+            raise _capi.from_native(e) from None
+    return call
+
+
+if _CPP_OPS:
+    fused_qkv = _cpp_op_function(fused_qkv, torch.ops.m3qkv.fused_qkv.default)
+    qknorm_rope_kv_insert = _cpp_op_function(qknorm_rope_kv_insert, torch.ops.m3qkv.qknorm_rope_kv_insert.default)
+    mxfp8_gemm = _cpp_op_function(mxfp8_gemm, torch.ops.m3qkv.mxfp8_gemm.default)
+    mxfp8_quantize = _cpp_op_function(mxfp8_quantize, torch.ops.m3qkv.mxfp8_quantize.default)
 
 
 def torch_ops() -> dict:
