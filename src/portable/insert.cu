@@ -65,34 +65,19 @@ __device__ __forceinline__ void lane_rows_item(const InsertParams& p, const epi:
   epi::lane_row_epilogue<L, H>(p.e, own, head, lr.row, lr.valid, src, guess);
 }
 
-// Work and slot ownership (common/slot_owners.cuh): a CTA takes a contiguous
-// chunk of items (ceil(items / grid) of them; the plan caps the grid, so at
-// large M a chunk spans many rows), in sub-chunks whose cache rows fit one
-// owner table of kOwnerRows rows (both slot words where the items mix heads):
-// the table is built once per sub-chunk, whose items the warps then take in
-// turn. n consecutive items of `per_group` items per row group span at most
-// (n - 1) / per_group + 2 groups, hence the sub-chunk length below.
+// Slot ownership (common/slot_owners.cuh) per CTA round: the kWarps items a
+// round gives the CTA's warps cover at most kWarps + 1 row groups of kRows
+// rows (consecutive items, one or more heads per group), with both slot
+// words where the items mix heads.
 constexpr int kInsertWarps = kInsertThreads / 32;
-constexpr int kOwnerRows = 64;
-using InsertOwners = epi::SlotOwnerTable<2 * kOwnerRows>;
 template <int kRows>
-__device__ __forceinline__ int64_t insert_sub_items(int per_group) {
-  static_assert(kOwnerRows / kRows >= 3, "a sub-chunk spans at least one whole row group");
-  return static_cast<int64_t>(kOwnerRows / kRows - 2) * per_group + 1;
-}
-// Calls body(s0, s1) for each sub-chunk [s0, s1) of this CTA's chunk (uniform over the CTA).
-template <class Body>
-__device__ __forceinline__ void insert_chunks(int64_t items, int64_t sub, const Body& body) {
-  const int64_t per = (items + gridDim.x - 1) / gridDim.x;
-  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * per, c1 = c0 + per < items ? c0 + per : items;
-  for (int64_t s0 = c0; s0 < c1; s0 += sub) body(s0, s0 + sub < c1 ? s0 + sub : c1);
-}
+using InsertOwners = epi::SlotOwnerTable<2 * (kInsertWarps + 1) * kRows>;
 
-// Fills `t` for row groups [g0, g1] of kRows rows (every thread of the CTA calls it).
+// Fills `t` for row groups [g0, g1] (every thread of the CTA calls it).
 template <int kRows>
-__device__ __forceinline__ void insert_owners(InsertOwners& t, const InsertParams& p, int64_t g0, int64_t g1) {
+__device__ __forceinline__ void insert_owners(InsertOwners<kRows>& t, const InsertParams& p, int64_t g0, int64_t g1) {
   const uint32_t maps = epi::kSlotMapKv | (p.e.nik > 0 ? epi::kSlotMapIndex : 0u);
-  epi::build_slot_owners(t, p.e.slot_mapping, p.e.index_slot_mapping, maps, p.m, g0 * kRows,
+  epi::build_slot_owners<1>(t, p.e.slot_mapping, p.e.index_slot_mapping, maps, p.m, g0 * kRows,
                          static_cast<int>(g1 - g0 + 1) * kRows, static_cast<int>(threadIdx.x), kInsertThreads,
                          [] { __syncthreads(); });
 }
@@ -144,26 +129,29 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
   };
 
   const int warp = static_cast<int>(threadIdx.x / 32);
-  const int64_t per_cta = (items + gridDim.x - 1) / gridDim.x;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * per_cta + warp;  // insert_chunks' first item of the warp
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   Item t{};
   epi::RowGuess guess{};
-  if (kGuess && warp < per_cta && first < items) {
+  if (kGuess && first < items) {
     t = decode(first);
     guess = guess_of(t);
   }
   griddepcontrol_wait();  // qkv is typically the previous grid's output (the GEMM)
   griddepcontrol_launch_dependents();
 
-  __shared__ InsertOwners owners;
-  const int64_t sub = insert_sub_items<kRowsC>(Lc == Lq ? heads : cache);
-  insert_chunks(items, sub, [&](int64_t s0, int64_t s1) {
-    // The sub-chunk's cache items [s0, cache_end) (Lc == Lq: any item may be one).
-    const int64_t cache_end = Lc == Lq || s1 < cache_items ? s1 : cache_items;
-    const bool table = s0 < cache_end;
-    if (table) insert_owners<kRowsC>(owners, p, decode(s0).group, decode(cache_end - 1).group);
-    for (int64_t it = s0 + warp; it < s1; it += kWarps) {
-      if (!kGuess || it != first) {  // items after the warp's first guess after the wait
+  // CTA rounds of kWarps items (uniform over the CTA: the owner table's
+  // barriers): the table of the round's cache rows, then one item per warp.
+  __shared__ InsertOwners<kRowsC> owners;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarps; base < items; base += step) {
+    const int64_t end = base + kWarps < items ? base + kWarps : items;  // the round's items [base, end)
+    // Its cache items [base, cache_end) (Lc == Lq: any item may be one).
+    const int64_t cache_end = Lc == Lq || end < cache_items ? end : cache_items;
+    const bool table = base < cache_end;
+    if (table) insert_owners<kRowsC>(owners, p, decode(base).group, decode(cache_end - 1).group);
+    const int64_t it = base + warp;
+    if (it < items) {
+      if (!kGuess || it != first) {  // a capped grid (m3qkv_insert_args.grid): later items guess after the wait
         t = decode(it);
         if (kGuess) guess = guess_of(t);
       }
@@ -177,8 +165,8 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
         lane_rows_item<Lq, epi::RowHeads::kQuery>(p, own, n, t.head, t.group, sp);
       }
     }
-    if (table) __syncthreads();  // the table is the next sub-chunk's
-  });
+    if (table) __syncthreads();  // the table is the next round's
+  }
 }
 
 // The guess (kGuess, epi::row_guess) reads each row's slot and position
@@ -215,26 +203,32 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
   const int64_t items = (p.m + kInsertRowsPerWarp - 1) / kInsertRowsPerWarp * heads;
   const int lane = static_cast<int>(threadIdx.x % 32);
   const int q = lane % 4;
-  // Chunks and owner tables as insert_lane_rows has them.
-  __shared__ InsertOwners owners;
-  insert_chunks(items, insert_sub_items<kInsertRowsPerWarp>(heads), [&](int64_t s0, int64_t s1) {
-    insert_owners<kInsertRowsPerWarp>(owners, p, s0 / heads, (s1 - 1) / heads);
-    for (int64_t it = s0 + threadIdx.x / 32; it < s1; it += kWarps) {
-      const int head = static_cast<int>(it % heads);
-      const int64_t row = it / heads * kInsertRowsPerWarp + lane / 4;
-      const bool valid = row < p.m;
-      const epi::QuadHead qh = epi::quad_head(p.e, head, q);
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.qkv + (valid ? row : 0) * n +
-                                                              static_cast<int64_t>(head) * kHeadDim + 2 * q);
-      float y[epi::kQuadValues];  // y[2j + b] = column 8j + 2q + b
-#pragma unroll
-      for (int j = 0; j < kHeadDim / 8; ++j) {
-        const uint32_t w = valid ? src[4 * j] : 0u;
-        y[2 * j] = bf16_to_f32(static_cast<uint16_t>(w & 0xffffu));
-        y[2 * j + 1] = bf16_to_f32(static_cast<uint16_t>(w >> 16));
-      }
-      epi::quad_row_epilogue(p.e, owners.view(), qh, row, valid, y, q);
+  // CTA rounds of kWarps items, each with the owner table of its rows
+  // (insert_lane_rows says why).
+  __shared__ InsertOwners<kInsertRowsPerWarp> owners;
+  const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps;
+  for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarps; base < items; base += step) {
+    const int64_t end = base + kWarps < items ? base + kWarps : items;
+    insert_owners<kInsertRowsPerWarp>(owners, p, base / heads, (end - 1) / heads);
+    const int64_t it = base + threadIdx.x / 32;
+    if (it >= items) {
+      __syncthreads();
+      continue;
     }
-    __syncthreads();  // the table is the next sub-chunk's
-  });
+    const int head = static_cast<int>(it % heads);
+    const int64_t row = it / heads * kInsertRowsPerWarp + lane / 4;
+    const bool valid = row < p.m;
+    const epi::QuadHead qh = epi::quad_head(p.e, head, q);
+    const uint32_t* src = reinterpret_cast<const uint32_t*>(p.qkv + (valid ? row : 0) * n +
+                                                            static_cast<int64_t>(head) * kHeadDim + 2 * q);
+    float y[epi::kQuadValues];  // y[2j + b] = column 8j + 2q + b
+#pragma unroll
+    for (int j = 0; j < kHeadDim / 8; ++j) {
+      const uint32_t w = valid ? src[4 * j] : 0u;
+      y[2 * j] = bf16_to_f32(static_cast<uint16_t>(w & 0xffffu));
+      y[2 * j + 1] = bf16_to_f32(static_cast<uint16_t>(w >> 16));
+    }
+    epi::quad_row_epilogue(p.e, owners.view(), qh, row, valid, y, q);
+    __syncthreads();  // the table is the next round's
+  }
 }

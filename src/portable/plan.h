@@ -25,7 +25,6 @@ inline unsigned plan_grid(int64_t items, int64_t per_block, int32_t override_gri
 // head) items, one item per warp, in one of six lane layouts (below).
 constexpr int kInsertThreads = 128;    // 4 warps
 constexpr int kInsertRowsPerWarp = 8;  // quad rows: a warp = one head of 8 token rows, a quad per row
-constexpr int kInsertCtasPerSm = 8;    // the default grid's cap: one wave at the kernels' 64-80 registers
 // Lane layouts of the insert, chosen by head rows per SM R = m·heads / SMs.
 // A quad per row gives the fewest instructions per row, but a lane's chain
 // of 32 values is the call's latency when there are too few rows to hide it;
@@ -129,12 +128,7 @@ inline InsertPlan insert_plan(int64_t m, int heads, int cache, bool kv_nvfp4, in
   const bool split = per_cache_item != per_item;
   p.cache_items = split ? (m + per_cache_item - 1) / per_cache_item * cache : 0;
   p.items = split ? p.cache_items + groups * (heads - cache) : groups * heads;
-  // One item per warp, at most kInsertCtasPerSm CTAs per SM (then each CTA
-  // walks a chunk of items: insert.cu, whose slot-owner pass reads the later
-  // rows' slot words once per CTA sub-chunk, so fewer, longer chunks).
-  const int64_t cap = static_cast<int64_t>(kInsertCtasPerSm) * (num_sms > 0 ? num_sms : 1);
   p.grid = plan_grid(p.items, kInsertThreads / 32, override_grid);
-  if (override_grid <= 0 && p.grid > cap) p.grid = static_cast<unsigned>(cap);
   return p;
 }
 
