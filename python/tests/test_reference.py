@@ -27,6 +27,18 @@ def special_acc(m, n, seed):
     return acc.to(torch.float32)
 
 
+def ref_epilogue(p, acc, got):
+    """m3qkv.reference's epilogue of problem p on acc into the outputs `got`; its flags."""
+    return ref.epilogue(acc, nq=p["nq"], nkv=p["nkv"], niq=p["niq"], nik=p["nik"], positions=p["positions"],
+                        cos_sin_cache=p["cos_sin_cache"], q_norm_weight=p["q_norm_weight"],
+                        k_norm_weight=p["k_norm_weight"], index_q_norm_weight=p["index_q_norm_weight"],
+                        index_k_norm_weight=p["index_k_norm_weight"], eps=p["eps"], slot_mapping=p["slot_mapping"],
+                        index_slot_mapping=p["index_slot_mapping"], kv_cache=got["kv_cache"],
+                        index_cache=got["index_cache"], q_out=got["q_out"], q_fp8_out=got["q_fp8_out"],
+                        index_q_out=got["index_q_out"], q_fp8_scale=p["q_fp8_scale"], k_scale=p["k_scale"],
+                        v_scale=p["v_scale"])
+
+
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("accs", ["random", "special"])
 def test_epilogue_matches_golden(golden, layout, accs):
@@ -37,14 +49,7 @@ def test_epilogue_matches_golden(golden, layout, accs):
         else special_acc(p["m"], p["n"], seed)
     want, got = make_outputs(p), make_outputs(p)
     fw = golden.epilogue(p, acc, want)
-    fg = ref.epilogue(acc, nq=p["nq"], nkv=p["nkv"], niq=p["niq"], nik=p["nik"], positions=p["positions"],
-                      cos_sin_cache=p["cos_sin_cache"], q_norm_weight=p["q_norm_weight"],
-                      k_norm_weight=p["k_norm_weight"], index_q_norm_weight=p["index_q_norm_weight"],
-                      index_k_norm_weight=p["index_k_norm_weight"], eps=p["eps"], slot_mapping=p["slot_mapping"],
-                      index_slot_mapping=p["index_slot_mapping"], kv_cache=got["kv_cache"],
-                      index_cache=got["index_cache"], q_out=got["q_out"], q_fp8_out=got["q_fp8_out"],
-                      index_q_out=got["index_q_out"], q_fp8_scale=p["q_fp8_scale"], k_scale=p["k_scale"],
-                      v_scale=p["v_scale"])
+    fg = ref_epilogue(p, acc, got)
     d = diff_outputs(want, got)
     assert not d, f"seed {seed}:\n{d}"
     assert fw == fg, f"seed {seed}: flags golden 0x{fw:x}, port 0x{fg:x}"
@@ -71,14 +76,7 @@ def test_shared_slots_match_golden(golden, layout):
     acc = torch.randn(p["m"], p["n"], generator=g) * 3
     want, got = make_outputs(p), make_outputs(p)
     fw = golden.epilogue(p, acc, want)
-    fg = ref.epilogue(acc, nq=p["nq"], nkv=p["nkv"], niq=p["niq"], nik=p["nik"], positions=p["positions"],
-                      cos_sin_cache=p["cos_sin_cache"], q_norm_weight=p["q_norm_weight"],
-                      k_norm_weight=p["k_norm_weight"], index_q_norm_weight=p["index_q_norm_weight"],
-                      index_k_norm_weight=p["index_k_norm_weight"], eps=p["eps"], slot_mapping=p["slot_mapping"],
-                      index_slot_mapping=p["index_slot_mapping"], kv_cache=got["kv_cache"],
-                      index_cache=got["index_cache"], q_out=got["q_out"], q_fp8_out=got["q_fp8_out"],
-                      index_q_out=got["index_q_out"], q_fp8_scale=p["q_fp8_scale"], k_scale=p["k_scale"],
-                      v_scale=p["v_scale"])
+    fg = ref_epilogue(p, acc, got)
     d = diff_outputs(want, got)
     assert not d, f"seed {seed}:\n{d}"
     assert fw == fg
