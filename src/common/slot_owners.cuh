@@ -165,6 +165,50 @@ M3_HD void build_slot_owners(SlotOwnerTable<kKeys>& t, const int64_t* slots,
   sync();
 }
 
+// The whole-call form, for a kernel whose blocks would otherwise each scan
+// every later row (the insert at large M: O(M²/rows per block) slot loads;
+// portable/launch.cu): one table of every row's slot words in global memory,
+// built in three grid-wide passes (clear, insert, resolve), each a loop of
+// these per-entry / per-row steps; the resolve pass writes each row's slot
+// word as the kernels should see it: its own where it owns the slot (or names
+// none), -1 where a later row does. The kernels then run on those words with
+// an empty block table (every row owns what it names).
+constexpr int64_t owner_entries_for(int64_t keys) {
+  int64_t e = 1;
+  while (e < 2 * keys) e *= 2;
+  return e;
+}
+M3_HD void owner_table_clear(unsigned long long* key, int32_t* last, int64_t i) {
+  key[i] = kSlotKeyEmpty;
+  last[i] = -1;
+}
+M3_HD void owner_table_insert(unsigned long long* key, int32_t* last, uint32_t mask, int64_t slot, bool index,
+                              int64_t row) {
+  if (slot < 0) return;
+  const unsigned long long k = slot_key(slot, index);
+  if (k == kSlotKeyEmpty) return;
+  for (uint32_t h = slot_hash(k, mask);; h = (h + 1) & mask) {
+    const unsigned long long old = owner_cas(&key[h], kSlotKeyEmpty, k);
+    if (old == kSlotKeyEmpty || old == k) {
+      owner_max(&last[h], static_cast<int32_t>(row));
+      return;
+    }
+  }
+}
+M3_HD int64_t owner_table_resolve(const unsigned long long* key, const int32_t* last, uint32_t mask, int64_t slot,
+                                  bool index, int64_t row) {
+  return SlotOwners{key, last, mask}.owns(slot, index, row) ? slot : -1;
+}
+// An empty block table: every query says "owns" (the resolved words' kernels).
+template <int kKeys, class Sync>
+M3_HD void clear_slot_owners(SlotOwnerTable<kKeys>& t, int tid, int nthreads, const Sync& sync) {
+  for (int i = tid; i < SlotOwnerTable<kKeys>::kEntries; i += nthreads) {
+    t.key[i] = kSlotKeyEmpty;
+    t.last[i] = -1;
+  }
+  sync();
+}
+
 // The slot words a block of `kind` heads writes (0: q / index_q heads, no
 // table); uniform over the block, as its barriers need.
 M3_HD uint32_t slot_maps_of(HeadKind kind) {

@@ -128,6 +128,9 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
     return epi::row_guess<epi::kRowGuessDest<Lq>>(p.e, hi, lr.row, lr.valid);
   };
 
+  __shared__ InsertOwners<kRowsC> owners;
+  if (p.owners_resolved != 0)
+    epi::clear_slot_owners(owners, static_cast<int>(threadIdx.x), kInsertThreads, [] { __syncthreads(); });
   const int warp = static_cast<int>(threadIdx.x / 32);
   const int64_t first = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
   Item t{};
@@ -140,15 +143,16 @@ __device__ __forceinline__ void insert_lane_rows(const InsertParams& p) {
   griddepcontrol_launch_dependents();
 
   // CTA rounds of kWarps items (uniform over the CTA: the owner table's
-  // barriers): the table of the round's cache rows, then one item per warp.
-  __shared__ InsertOwners<kRowsC> owners;
+  // barriers): the table of the round's cache rows, then one item per warp;
+  // with resolved slot words one empty table for every round (cleared above).
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarps; base < items; base += step) {
     const int64_t end = base + kWarps < items ? base + kWarps : items;  // the round's items [base, end)
     // Its cache items [base, cache_end) (Lc == Lq: any item may be one).
     const int64_t cache_end = Lc == Lq || end < cache_items ? end : cache_items;
     const bool table = base < cache_end;
-    if (table) insert_owners<kRowsC>(owners, p, decode(base).group, decode(cache_end - 1).group);
+    if (table && p.owners_resolved == 0)
+      insert_owners<kRowsC>(owners, p, decode(base).group, decode(cache_end - 1).group);
     const int64_t it = base + warp;
     if (it < items) {
       if (!kGuess || it != first) {  // a capped grid (m3qkv_insert_args.grid): later items guess after the wait
@@ -206,10 +210,12 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
   // CTA rounds of kWarps items, each with the owner table of its rows
   // (insert_lane_rows says why).
   __shared__ InsertOwners<kInsertRowsPerWarp> owners;
+  if (p.owners_resolved != 0)
+    epi::clear_slot_owners(owners, static_cast<int>(threadIdx.x), kInsertThreads, [] { __syncthreads(); });
   const int64_t step = static_cast<int64_t>(gridDim.x) * kWarps;
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * kWarps; base < items; base += step) {
     const int64_t end = base + kWarps < items ? base + kWarps : items;
-    insert_owners<kInsertRowsPerWarp>(owners, p, base / heads, (end - 1) / heads);
+    if (p.owners_resolved == 0) insert_owners<kInsertRowsPerWarp>(owners, p, base / heads, (end - 1) / heads);
     const int64_t it = base + threadIdx.x / 32;
     if (it >= items) {
       __syncthreads();
@@ -230,5 +236,40 @@ __global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_insert_kernel(c
     }
     epi::quad_row_epilogue(p.e, owners.view(), qh, row, valid, y, q);
     __syncthreads();  // the table is the next round's
+  }
+}
+
+// The whole-call owner passes (kernels.cuh OwnerPassParams). Each waits for
+// its predecessor: the clear for the grid before (which may still read the
+// resolved words of the previous call), insert for clear, resolve for
+// insert, the insert kernel for resolve.
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_slot_owners_clear_kernel(const OwnerPassParams p) {
+  griddepcontrol_wait();
+  griddepcontrol_launch_dependents();
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < p.entries; i += stride)
+    epi::owner_table_clear(p.key, p.last, i);
+}
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_slot_owners_insert_kernel(const OwnerPassParams p) {
+  griddepcontrol_wait();
+  griddepcontrol_launch_dependents();
+  const uint32_t mask = static_cast<uint32_t>(p.entries - 1);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < 2 * p.m; i += stride) {
+    const bool index = i >= p.m;
+    const int64_t row = index ? i - p.m : i;
+    const int64_t* s = index ? p.index_slots : p.slots;
+    if (s != nullptr) epi::owner_table_insert(p.key, p.last, mask, s[row], index, row);
+  }
+}
+__global__ void __launch_bounds__(kInsertThreads) m3qkv_portable_slot_owners_resolve_kernel(const OwnerPassParams p) {
+  griddepcontrol_wait();
+  griddepcontrol_launch_dependents();
+  const uint32_t mask = static_cast<uint32_t>(p.entries - 1);
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t row = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; row < p.m; row += stride) {
+    if (p.slots != nullptr) p.out_slots[row] = epi::owner_table_resolve(p.key, p.last, mask, p.slots[row], false, row);
+    if (p.index_slots != nullptr)
+      p.out_index[row] = epi::owner_table_resolve(p.key, p.last, mask, p.index_slots[row], true, row);
   }
 }

@@ -32,6 +32,22 @@ struct InsertParams {
   const uint16_t* qkv;  // bf16 [M, N]
   int64_t m;
   epi::EpilogueParams e;
+  // 1: e's slot words were resolved by the owner passes below (every row owns
+  // what it names), so the kernels skip their per-round owner tables.
+  int32_t owners_resolved;
+};
+// The whole-call slot-owner passes (common/slot_owners.cuh) the insert runs
+// first at large M: clear the table, insert every row's slot words, write the
+// resolved words; grid-stride loops.
+struct OwnerPassParams {
+  const int64_t* slots;        // the call's slot_mapping (null: no KV cache heads)
+  const int64_t* index_slots;  // index_slot_mapping (null: no index_k head)
+  int64_t m;
+  unsigned long long* key;  // [entries]
+  int32_t* last;            // [entries]
+  int64_t entries;          // a power of two
+  int64_t* out_slots;       // [m] resolved slot_mapping
+  int64_t* out_index;       // [m] resolved index_slot_mapping
 };
 struct QuantizeParams {
   const uint16_t* x;  // bf16 [M, K]
@@ -63,5 +79,8 @@ __global__ void m3qkv_portable_insert_lanes8_kernel(const m3qkv::portable::Inser
 __global__ void m3qkv_portable_insert_split_c32q8_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_split_c16q8_kernel(const m3qkv::portable::InsertParams p);
 __global__ void m3qkv_portable_insert_split_c16q8_guess_kernel(const m3qkv::portable::InsertParams p);
+__global__ void m3qkv_portable_slot_owners_clear_kernel(const m3qkv::portable::OwnerPassParams p);
+__global__ void m3qkv_portable_slot_owners_insert_kernel(const m3qkv::portable::OwnerPassParams p);
+__global__ void m3qkv_portable_slot_owners_resolve_kernel(const m3qkv::portable::OwnerPassParams p);
 // Grid-stride over (padded row, 32-value block) items.
 __global__ void m3qkv_portable_quantize_kernel(const m3qkv::portable::QuantizeParams p);

@@ -9,6 +9,7 @@
 #include "host/once.h"
 #include "host/overrides.h"
 #include "host/timing.h"
+#include "host/workspace.h"
 #include "portable/kernels.cuh"
 #include "portable/mainloop.cuh"
 #include "portable/plan.h"
@@ -99,6 +100,45 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
 static_assert(host::kInsertLayoutMax == static_cast<int>(portable::InsertLayout::kSplitC16Q8Guess),
               "the testing hook accepts every layout");
 
+namespace {
+// The whole-call owner passes (plan.h kOwnerPassMinM): the table and the
+// resolved slot words in the stream workspace past its zeroed head; p's slot
+// words then point at the resolved ones.
+m3qkv_status resolve_slot_owners(const char* fn, const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s,
+                                 portable::InsertParams* p, host::WorkspaceLease* lease) {
+  portable::OwnerPassParams q;
+  q.slots = a.nkv > 0 ? static_cast<const int64_t*>(a.slot_mapping) : nullptr;
+  q.index_slots = a.nik > 0 ? static_cast<const int64_t*>(a.index_slot_mapping) : nullptr;
+  q.m = a.m;
+  q.entries = epi::owner_entries_for(2 * a.m);
+  const size_t m8 = static_cast<size_t>(a.m) * 8, e = static_cast<size_t>(q.entries);
+  const size_t off_key = host::kSplitkPartialsOffset, off_last = off_key + e * 8, off_slots = off_last + e * 4,
+               off_index = off_slots + (m8 + 255) / 256 * 256, bytes = off_index + m8;
+  void* ws = nullptr;
+  M3QKV_TRY(host::stream_workspace(dev, s, bytes, &ws, lease));
+  uint8_t* b = static_cast<uint8_t*>(ws);
+  q.key = reinterpret_cast<unsigned long long*>(b + off_key);
+  q.last = reinterpret_cast<int32_t*>(b + off_last);
+  q.out_slots = reinterpret_cast<int64_t*>(b + off_slots);
+  q.out_index = reinterpret_cast<int64_t*>(b + off_index);
+  const auto grid_for = [&](int64_t work) {
+    const int64_t blocks = (work + portable::kInsertThreads - 1) / portable::kInsertThreads;
+    const int64_t cap = int64_t{8} * dev.num_sms;  // grid-stride beyond 8 CTAs per SM
+    return static_cast<unsigned>(blocks < cap ? blocks : cap);
+  };
+  M3QKV_TRY(host::launch(fn, "m3qkv_portable_slot_owners_clear_kernel", m3qkv_portable_slot_owners_clear_kernel,
+                         shape(grid_for(q.entries), portable::kInsertThreads, 0, a.use_pdl, dev), s, q));
+  M3QKV_TRY(host::launch(fn, "m3qkv_portable_slot_owners_insert_kernel", m3qkv_portable_slot_owners_insert_kernel,
+                         shape(grid_for(2 * a.m), portable::kInsertThreads, 0, a.use_pdl, dev), s, q));
+  M3QKV_TRY(host::launch(fn, "m3qkv_portable_slot_owners_resolve_kernel", m3qkv_portable_slot_owners_resolve_kernel,
+                         shape(grid_for(a.m), portable::kInsertThreads, 0, a.use_pdl, dev), s, q));
+  if (q.slots != nullptr) p->e.slot_mapping = q.out_slots;
+  if (q.index_slots != nullptr) p->e.index_slot_mapping = q.out_index;
+  p->owners_resolved = 1;
+  return M3QKV_SUCCESS;
+}
+}  // namespace
+
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
   const portable::InsertPlan plan = portable::insert_plan(
       a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), cache_heads(a.nkv, a.nik), a.kv_cache_dtype == kCacheNvfp4,
@@ -109,7 +149,10 @@ m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, 
   p.qkv = static_cast<const uint16_t*>(a.qkv);
   p.m = a.m;
   p.e = epi::make_epilogue_params(a);
+  p.owners_resolved = 0;
   const char* fn = "m3qkv_qknorm_rope_kv_insert";
+  host::WorkspaceLease lease;  // through the launches
+  if (plan.owner_passes) M3QKV_TRY(resolve_slot_owners(fn, a, dev, s, &p, &lease));
   m3qkv_status st;
   switch (plan.layout) {
     case portable::InsertLayout::kWarpRows:

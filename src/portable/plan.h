@@ -98,7 +98,16 @@ struct InsertPlan {
   int64_t cache_items;  // split layouts: the (row group, cache head) items, first
   int64_t items;        // warps of work in all: (row group, head) items
   unsigned grid;
+  bool owner_passes;    // resolve slot ownership for the whole call first (below)
 };
+
+// Slot ownership (docs/contract.md §4.4): each CTA round of the insert builds
+// a table of its rows' slots from every later row's slot words, O(M) loads per
+// round and so O(M²) per call: +550 µs at M = 16384 (TP4, the bench's
+// insert_nvfp4 against the previous sweep), ~2 µs at M <= 256. From
+// kOwnerPassMinM rows the call resolves ownership once instead
+// (common/slot_owners.cuh whole-call form: three O(M) passes, ~3 launches).
+constexpr int64_t kOwnerPassMinM = 2048;
 
 // The automatic layout (the thresholds above): R head rows per SM.
 inline InsertLayout insert_auto_layout(int64_t m, int heads, int cache, bool kv_nvfp4, int num_sms) {
@@ -129,6 +138,7 @@ inline InsertPlan insert_plan(int64_t m, int heads, int cache, bool kv_nvfp4, in
   p.cache_items = split ? (m + per_cache_item - 1) / per_cache_item * cache : 0;
   p.items = split ? p.cache_items + groups * (heads - cache) : groups * heads;
   p.grid = plan_grid(p.items, kInsertThreads / 32, override_grid);
+  p.owner_passes = cache > 0 && m >= kOwnerPassMinM;
   return p;
 }
 

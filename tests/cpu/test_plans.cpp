@@ -134,6 +134,11 @@ TEST(PortablePlan, InsertLayoutByHeadRowsPerSm) {
   auto p = insert_plan(16384, 20, 3, false, 132, 0, InsertLayout::kWarpRows);
   EXPECT_EQ(p.layout, InsertLayout::kWarpRows);
   EXPECT_EQ(p.items, 16384 * 20);
+  // Slot ownership resolved for the whole call from kOwnerPassMinM rows, where there are cache heads.
+  EXPECT_TRUE(p.owner_passes);
+  EXPECT_TRUE(insert_plan(m3qkv::portable::kOwnerPassMinM, 20, 3, true, 132, 0, InsertLayout::kAuto).owner_passes);
+  EXPECT_FALSE(insert_plan(m3qkv::portable::kOwnerPassMinM - 1, 20, 3, true, 132, 0, InsertLayout::kAuto).owner_passes);
+  EXPECT_FALSE(insert_plan(16384, 20, 0, true, 132, 0, InsertLayout::kAuto).owner_passes);
   p = insert_plan(1, 20, 3, true, 132, 0, InsertLayout::kQuadRows);
   EXPECT_EQ(p.layout, InsertLayout::kQuadRows);
   EXPECT_EQ(p.items, 20);

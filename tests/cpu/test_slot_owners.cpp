@@ -3,6 +3,8 @@
 //  - SlotOwners.TableMatchesBruteForce: common/slot_owners.cuh's table (its
 //    host form) against an O(M²) scan, for random blocks of random slot
 //    arrays full of shared, skipped and huge slots, both slot words.
+//  - SlotOwners.WholeCallPassesMatchBruteForce: the whole-call form (the
+//    insert's owner passes at large M) against the same scan.
 //  - SlotOwners.GoldenWritesTheLastTokensRow: the golden model on a call
 //    with shared slots writes exactly what it writes on the same call with
 //    every non-last sharer's slot set to -1 (found by brute force here), in
@@ -70,6 +72,47 @@ TEST(SlotOwners, TableMatchesBruteForce) {
   }
   EXPECT_GT(asked, 20000);
   EXPECT_GT(not_owner, asked / 5);  // the collisions were frequent
+}
+
+// The whole-call form (the insert's owner passes at large M): clear, insert
+// every row's words, resolve; each row's resolved word is its own where it
+// owns the slot, -1 where a later row names it (brute force), its own for
+// negative slots and the index slot INT64_MAX.
+TEST(SlotOwners, WholeCallPassesMatchBruteForce) {
+  std::mt19937_64 rng(0x0A11u);
+  int shared = 0, rows_checked = 0;
+  for (int iter = 0; iter < 40; ++iter) {
+    const int64_t m = 1 + int64_t(rng() % 3000);
+    const int64_t range = 1 + int64_t(rng() % (iter % 2 ? 16 : 5000));
+    std::vector<int64_t> kv(static_cast<size_t>(m)), ix(static_cast<size_t>(m));
+    for (int64_t r = 0; r < m; ++r) {
+      const uint64_t u = rng() % 20;
+      kv[size_t(r)] = u == 0 ? -1 : u == 1 ? INT64_MAX : int64_t(rng() % uint64_t(range));
+      ix[size_t(r)] = rng() % 2 ? kv[size_t(r)] : rng() % 10 == 0 ? INT64_MAX : int64_t(rng() % uint64_t(range));
+    }
+    const int64_t entries = m3qkv::epi::owner_entries_for(2 * m);
+    ASSERT_GE(entries, 4 * m);
+    std::vector<unsigned long long> key(static_cast<size_t>(entries), 123u);  // garbage: pass 0 clears it
+    std::vector<int32_t> last(static_cast<size_t>(entries), 7);
+    const uint32_t mask = uint32_t(entries - 1);
+    for (int64_t i = 0; i < entries; ++i) m3qkv::epi::owner_table_clear(key.data(), last.data(), i);
+    for (int64_t r = 0; r < m; ++r) {
+      m3qkv::epi::owner_table_insert(key.data(), last.data(), mask, kv[size_t(r)], false, r);
+      m3qkv::epi::owner_table_insert(key.data(), last.data(), mask, ix[size_t(r)], true, r);
+    }
+    for (int w = 0; w < 2; ++w) {
+      const std::vector<int64_t>& sl = w ? ix : kv;
+      for (int64_t r = 0; r < m; ++r) {
+        const int64_t got = m3qkv::epi::owner_table_resolve(key.data(), last.data(), mask, sl[size_t(r)], w == 1, r);
+        const int64_t v = sl[size_t(r)];
+        const bool own = v < 0 || (w == 1 && v == INT64_MAX) || owns_brute(sl, r);
+        ASSERT_EQ(got, own ? v : -1) << "iter " << iter << " row " << r << " map " << w;
+        shared += !own;
+        ++rows_checked;
+      }
+    }
+  }
+  EXPECT_GT(shared, rows_checked / 5);
 }
 
 ProblemConfig shared_config(int kv, int ix, int64_t m, uint64_t seed) {

@@ -284,7 +284,8 @@ INSTANTIATE_TEST_SUITE_P(Sweep, GpuCacheFormats, ::testing::ValuesIn(fmt_cases()
 // token's slot and index slot (some a few hot tokens'), so blocks, tiles,
 // warps and CTAs race for rows; every format, bit-exact with the golden
 // model, which writes the last sharer's row whole. M = 7 (one tile), 300
-// (many tiles, decode and split-K paths), 1100 (prefill-sized, many blocks).
+// (many tiles, decode and split-K paths), 1100 (prefill-sized, many blocks),
+// 2100 (the insert's whole-call owner passes).
 std::vector<FmtCase> shared_cases() {
   std::vector<FmtCase> v;
   int i = 0;
@@ -298,6 +299,12 @@ std::vector<FmtCase> shared_cases() {
       }
   for (int f : {0, 1, 2}) {
     FmtCase c{kTP8, f, f, 16, f, f == 1, 1100, 256};
+    c.shared = 0.5;
+    v.push_back(c);
+  }
+  // From portable::kOwnerPassMinM rows the insert resolves ownership in whole-call passes first.
+  for (int f : {0, 1, 2}) {
+    FmtCase c{kTP8, f, 2 - f, 128, f, f == 2, 2100, 256};
     c.shared = 0.5;
     v.push_back(c);
   }

@@ -428,7 +428,8 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
     Heads h;
     int64_t m;
   };
-  for (const Case& c : {Case{kTP4, 1}, Case{kTP4, 64}, Case{kTP4, 128}, Case{kTP8, 1}, Case{kTP1, 1}}) {
+  for (const Case& c :
+       {Case{kTP4, 1}, Case{kTP4, 64}, Case{kTP4, 128}, Case{kTP4, 256}, Case{kTP8, 1}, Case{kTP1, 1}}) {
     const Problem p = make_problem(config(c.h, c.m, 6144, /*exact=*/false, 128));
     DeviceInputs in;
     CUDA_OK(in.upload(p));
