@@ -55,8 +55,10 @@ struct TileRow {
 // timeline hook). Returns whether this unit was the last arriver; ends with a barrier
 // after which T may be overwritten.
 // `owners`: the group's slot-owner table (shared memory), filled by the last
-// arriver for its token block before the epilogue.
-template <int NT, int kThreads, uint32_t kBarrier, class P, class OnArrived>
+// arriver for its token block before the epilogue. kItems × kBatch: the
+// partial loads each thread of the last arriver keeps in flight (float4s;
+// as many as the kernel's registers allow without spilling).
+template <int NT, int kThreads, uint32_t kBarrier, int kItems = 1, int kBatch = 4, class P, class OnArrived>
 __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, int t, float* T,
                                             epi::SlotOwnerTable<NT>* owners, volatile uint32_t* flag, int skip_split,
                                             OnArrived&& on_arrived) {
@@ -89,40 +91,89 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
     on_arrived();
     if (last) {
       const float* base = p.partials + static_cast<int64_t>(u - w.s) * NT * kHeadCols;
-      for (int i = t; i < mt * (kHeadCols / 4); i += kThreads) {
-        const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
-        // Loads in batches (independent, in flight together), then the sum in
-        // the fixed order s = 0, 1, ... This unit's own partial is read back
-        // from T: the same bits as its slot. (One load at a time: ~1 µs per
-        // split on the last arriver's path, H200 timeline run 3.)
-        constexpr int kBatch = 4;
-        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-        bool have = false;
-        for (int s0 = 0; s0 < p.split; s0 += kBatch) {
-          float4 v[kBatch];
+      // Every float4 item's S partials, summed in the fixed order s = 0, 1,
+      // ... (this unit's own read back from T: the same bits as its slot),
+      // kItems items × kBatch splits per thread loaded together. One item at
+      // a time the L2 round trips are the tail (16 rounds at NT = 128: most
+      // of the 19 µs of TP4 M = 128's last arrivers on the H200 timeline).
+      if constexpr (kItems == 1) {
+        // The form the SM100 decode kernel's 168 registers were fitted to
+        // (the multi-item loop below spills there even with one item).
+        for (int i = t; i < mt * (kHeadCols / 4); i += kThreads) {
+          const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
+          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+          bool have = false;
+          for (int s0 = 0; s0 < p.split; s0 += kBatch) {
+            float4 v[kBatch];
 #pragma unroll
-          for (int j = 0; j < kBatch; ++j) {
-            const int s = s0 + j < p.split ? s0 + j : w.s;
-            v[j] = s == w.s ? *reinterpret_cast<const float4*>(T + tile_index(n, c))
-                            : __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * NT * kHeadCols +
-                                                                     n * kHeadCols + c));
-          }
+            for (int j = 0; j < kBatch; ++j) {
+              const int s = s0 + j < p.split ? s0 + j : w.s;
+              v[j] = s == w.s ? *reinterpret_cast<const float4*>(T + tile_index(n, c))
+                              : __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * NT * kHeadCols +
+                                                                       n * kHeadCols + c));
+            }
 #pragma unroll
-          for (int j = 0; j < kBatch; ++j) {
-            if (s0 + j >= p.split) break;
-            if (s0 + j == skip_split) continue;
-            if (!have) {
-              sum = v[j];
-              have = true;
-            } else {
-              sum.x = add_rn(sum.x, v[j].x);
-              sum.y = add_rn(sum.y, v[j].y);
-              sum.z = add_rn(sum.z, v[j].z);
-              sum.w = add_rn(sum.w, v[j].w);
+            for (int j = 0; j < kBatch; ++j) {
+              if (s0 + j >= p.split) break;
+              if (s0 + j == skip_split) continue;
+              if (!have) {
+                sum = v[j];
+                have = true;
+              } else {
+                sum.x = add_rn(sum.x, v[j].x);
+                sum.y = add_rn(sum.y, v[j].y);
+                sum.z = add_rn(sum.z, v[j].z);
+                sum.w = add_rn(sum.w, v[j].w);
+              }
             }
           }
+          *reinterpret_cast<float4*>(T + tile_index(n, c)) = sum;
         }
-        *reinterpret_cast<float4*>(T + tile_index(n, c)) = sum;
+      } else {
+        const int total = mt * (kHeadCols / 4);
+        for (int i0 = t; i0 < total; i0 += kThreads * kItems) {
+          float4 sum[kItems];
+          bool have = false;
+          for (int s0 = 0; s0 < p.split; s0 += kBatch) {
+            float4 v[kItems][kBatch];
+#pragma unroll
+            for (int it = 0; it < kItems; ++it) {
+              const int i = i0 + it * kThreads;
+              const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
+#pragma unroll
+              for (int j = 0; j < kBatch; ++j) {
+                const int s = s0 + j < p.split ? s0 + j : w.s;
+                v[it][j] = i >= total ? make_float4(0.f, 0.f, 0.f, 0.f)
+                           : s == w.s   ? *reinterpret_cast<const float4*>(T + tile_index(n, c))
+                                        : __ldcg(reinterpret_cast<const float4*>(
+                                            base + static_cast<int64_t>(s) * NT * kHeadCols + n * kHeadCols + c));
+              }
+            }
+#pragma unroll
+            for (int j = 0; j < kBatch; ++j) {
+              if (s0 + j >= p.split) break;
+              if (s0 + j == skip_split) continue;
+#pragma unroll
+              for (int it = 0; it < kItems; ++it) {
+                if (!have) {
+                  sum[it] = v[it][j];
+                } else {
+                  sum[it].x = add_rn(sum[it].x, v[it][j].x);
+                  sum[it].y = add_rn(sum[it].y, v[it][j].y);
+                  sum[it].z = add_rn(sum[it].z, v[it][j].z);
+                  sum[it].w = add_rn(sum[it].w, v[it][j].w);
+                }
+              }
+              have = true;
+            }
+          }
+#pragma unroll
+          for (int it = 0; it < kItems; ++it) {
+            const int i = i0 + it * kThreads;
+            if (i < total)
+              *reinterpret_cast<float4*>(T + tile_index(i / (kHeadCols / 4), 4 * (i % (kHeadCols / 4)))) = sum[it];
+          }
+        }
       }
       ptx::bar_sync(kBarrier, kThreads);
     }

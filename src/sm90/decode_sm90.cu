@@ -265,9 +265,11 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
 #pragma unroll
       for (int b = 0; b < 2; ++b) T[tile_index(8 * j + 2 * q + b, r0 + 8 * h)] = acc[4 * j + 2 * h + b];
   ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed>(p, w, u, t, T, owners, flag, /*skip_split=*/-1, [&] {
-    if (t == 0) trace_event(p, kTrArrived);
-  });
+  // Four items × four splits of partial loads in flight: no spill within the 168 registers.
+  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed, 4, 4>(p, w, u, t, T, owners, flag,
+                                                                        /*skip_split=*/-1, [&] {
+                                                                          if (t == 0) trace_event(p, kTrArrived);
+                                                                        });
 }
 
 // One stage of the consumers, one 64-K step at a time with two A sets (one
