@@ -36,6 +36,7 @@
 #include "common/test_util.h"
 #include "golden/golden.h"
 #include "gpu/gpu_util.h"
+#include "gpu/backend_support.h"
 #include "gpu/harness.h"
 #include "sm90/sm90.h"
 
@@ -44,27 +45,12 @@ namespace {
 using namespace m3qkv_gpu;
 using m3qkv_test::make_problem;
 
-// Whether the SM90 backend is in this build (as tests/gpu/test_sm90.cu decides it).
-constexpr bool arch_list_has(int want) {
-  constexpr int kList[] = {__CUDA_ARCH_LIST__};
-  for (int a : kList)
-    if (a == want) return true;
-  return false;
-}
-constexpr bool kBuiltSm90 = arch_list_has(900);
-
 // variant >= 0: the tile kernel (sm90_fused_variant); variant < 0: the decode kernel with `split`.
-template <bool kHave = kBuiltSm90>
 m3qkv_status sm90_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, cudaStream_t s, int variant,
                        int block_m, int split) {
-  if constexpr (kHave)
-    return variant < 0 ? m3qkv::sm90_fused_decode(a, dev, nullptr, s, split)
-                       : m3qkv::sm90_fused_variant(a, dev, nullptr, s, variant, block_m, split);
-  else
-    return M3QKV_ERROR_UNSUPPORTED_DEVICE;
+  return variant < 0 ? sm90_decode_call(a, dev, nullptr, s, split)
+                     : sm90_variant_call(a, dev, nullptr, s, variant, block_m, split);
 }
-
-const char* fmt_name(int d) { return d == 0 ? "nvfp4" : (d == 1 ? "fp8" : "bf16"); }
 
 struct KvLayout {
   const char* name;

@@ -32,6 +32,7 @@
 #include "common/test_util.h"
 #include "golden/golden.h"
 #include "gpu/gpu_util.h"
+#include "gpu/backend_support.h"
 #include "gpu/harness.h"
 #include "sm90/sm90.h"
 
@@ -44,28 +45,6 @@ namespace {
 using namespace m3qkv_gpu;
 using m3qkv_test::make_problem;
 
-// Whether this build has the SM90 backend. The library compiles src/sm90 only
-// when 90a is in M3QKV_CUDA_ARCHS, and this file gets a gencode for every
-// configured arch, so nvcc's __CUDA_ARCH_LIST__ (host pass too) tells: without
-// 900 the calls into the backend are not even instantiated (no link error in an
-// "80"- or "100f"-only build) and every test skips.
-constexpr bool arch_list_has(int want) {
-  constexpr int kList[] = {__CUDA_ARCH_LIST__};
-  for (int a : kList)
-    if (a == want) return true;
-  return false;
-}
-constexpr bool kBuiltSm90 = arch_list_has(900);
-
-template <bool kHave = kBuiltSm90>
-m3qkv_status sm90_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s, int variant,
-                       int block_m, int split = 0) {
-  if constexpr (kHave)
-    return m3qkv::sm90_fused_variant(a, dev, tap, s, variant, block_m, split);
-  else
-    return M3QKV_ERROR_UNSUPPORTED_DEVICE;
-}
-
 template <bool kHave = kBuiltSm90>
 int sm90_clusters(const m3qkv::DeviceInfo& dev, int split) {
   if constexpr (kHave)
@@ -73,16 +52,6 @@ int sm90_clusters(const m3qkv::DeviceInfo& dev, int split) {
   else
     return 0;
 }
-
-#define M3QKV_REQUIRE_SM90()                                                                                       \
-  do {                                                                                                             \
-    M3QKV_REQUIRE_GPU();                                                                                           \
-    if (!kBuiltSm90) GTEST_SKIP() << "library built without the sm_90a target (M3QKV_CUDA_ARCHS lacks 90a)";       \
-    if (::m3qkv_gpu::device_cc() != 90)                                                                            \
-      GTEST_SKIP() << "the SM90 kernel needs compute capability 9.0 (device has " << ::m3qkv_gpu::device_cc() / 10 \
-                   << "." << ::m3qkv_gpu::device_cc() % 10 << ")";                                                 \
-  } while (0)
-
 
 const char* variant_name(int v) {
   return v == m3qkv::kSm90Bf16Dequant       ? "A_bf16dq"
@@ -145,7 +114,7 @@ struct OnDevice {
 void run_sm90(const Problem& p, const DeviceInputs& in, const Sm90Run& run, int salt, Fetched* out,
               std::vector<float>* acc, cudaStream_t stream = nullptr) {
   const auto launch = [&run](const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s) {
-    return sm90_call(a, dev, tap, s, run.variant, run.block_m, run.split);
+    return sm90_variant_call(a, dev, tap, s, run.variant, run.block_m, run.split);
   };
   run_direct(p, in, run.use_pdl, run.grid, salt, launch, out, run.tap ? acc : nullptr, stream);
 }
@@ -312,17 +281,18 @@ TEST(Sm90Shapes, PrefillInstanceRefusedWhereItDoesNotApply) {
   const m3qkv_fused_args& a = od.a;
   const m3qkv::DeviceInfo& dev = od.dev;
   for (int bad : {1, 4}) {
-    EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, bad, 128, 0), M3QKV_ERROR_INVALID_ARGUMENT) << "variant " << bad;
+    EXPECT_EQ(sm90_variant_call(a, dev, nullptr, nullptr, bad, 128, 0), M3QKV_ERROR_INVALID_ARGUMENT)
+        << "variant " << bad;
     EXPECT_NE(std::string(m3qkv_last_error()).find("is not 0"), std::string::npos) << m3qkv_last_error();
   }
   const int v = m3qkv::kSm90Bf16DequantPreA;
-  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 0, 0), M3QKV_ERROR_INVALID_ARGUMENT);  // auto: 64 rows
-  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 64, 2), M3QKV_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, v, 64, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_variant_call(a, dev, nullptr, nullptr, v, 0, 0), M3QKV_ERROR_INVALID_ARGUMENT);  // auto: 64 rows
+  EXPECT_EQ(sm90_variant_call(a, dev, nullptr, nullptr, v, 64, 2), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_variant_call(a, dev, nullptr, nullptr, v, 64, 0), M3QKV_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(m3qkv_last_error()).find("variant 2"), std::string::npos) << m3qkv_last_error();
   const int pf = m3qkv::kSm90Bf16Prefill;
-  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, pf, 0, 0), M3QKV_ERROR_INVALID_ARGUMENT);
-  EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, pf, 64, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_variant_call(a, dev, nullptr, nullptr, pf, 0, 0), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(sm90_variant_call(a, dev, nullptr, nullptr, pf, 64, 0), M3QKV_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(m3qkv_last_error()).find("variant 3"), std::string::npos) << m3qkv_last_error();
 }
 
@@ -363,10 +333,10 @@ TEST(Sm90Shapes, SplitKRefusedWhereItDoesNotApply) {
     const m3qkv_fused_args& a = od.a;
     const m3qkv::DeviceInfo& dev = od.dev;
     const int bm = m == 64 ? 128 : 0;  // TP8 M 2048: 192 tiles of 128 rows, automatic block_m is 128
-    EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, m3qkv::kSm90Bf16Dequant, bm, 2),
+    EXPECT_EQ(sm90_variant_call(a, dev, nullptr, nullptr, m3qkv::kSm90Bf16Dequant, bm, 2),
               M3QKV_ERROR_INVALID_ARGUMENT)
         << "M " << m << " block_m " << bm;
-    EXPECT_EQ(sm90_call(a, dev, nullptr, nullptr, m3qkv::kSm90Bf16Dequant, 0, 9),
+    EXPECT_EQ(sm90_variant_call(a, dev, nullptr, nullptr, m3qkv::kSm90Bf16Dequant, 0, 9),
               M3QKV_ERROR_INVALID_ARGUMENT);
   }
 }
@@ -550,10 +520,10 @@ TEST(Sm90Timing, DISABLED_SplitK_TP4_SmallM_K6144) {
     }
     for (int split : {1, 0, 2, 3, 4, 6, 8}) {
       const int v = m3qkv::kSm90Bf16Dequant;
-      for (int i = 0; i < 3; ++i) M3QKV_OK(sm90_call(od.a, od.dev, nullptr, s.get(), v, 0, split));
+      for (int i = 0; i < 3; ++i) M3QKV_OK(sm90_variant_call(od.a, od.dev, nullptr, s.get(), v, 0, split));
       CUDA_OK(cudaEventRecord(e0.get(), s.get()));
       constexpr int kIters = 50;
-      for (int i = 0; i < kIters; ++i) M3QKV_OK(sm90_call(od.a, od.dev, nullptr, s.get(), v, 0, split));
+      for (int i = 0; i < kIters; ++i) M3QKV_OK(sm90_variant_call(od.a, od.dev, nullptr, s.get(), v, 0, split));
       CUDA_OK(cudaEventRecord(e1.get(), s.get()));
       CUDA_OK(cudaEventSynchronize(e1.get()));
       float ms = 0.f;
@@ -579,10 +549,10 @@ TEST(Sm90Timing, DISABLED_TileInstances_TP4_M4096_K6144) {
   CUDA_OK(e1.error());
   const double flop = 2.0 * double(p.m) * double(p.n()) * double(p.k);
   for (int v : {m3qkv::kSm90Bf16Dequant, m3qkv::kSm90Bf16DequantPreA, m3qkv::kSm90Bf16Prefill}) {
-    for (int i = 0; i < 3; ++i) M3QKV_OK(sm90_call(od.a, od.dev, nullptr, s.get(), v, 128));
+    for (int i = 0; i < 3; ++i) M3QKV_OK(sm90_variant_call(od.a, od.dev, nullptr, s.get(), v, 128));
     CUDA_OK(cudaEventRecord(e0.get(), s.get()));
     constexpr int kIters = 20;
-    for (int i = 0; i < kIters; ++i) M3QKV_OK(sm90_call(od.a, od.dev, nullptr, s.get(), v, 128));
+    for (int i = 0; i < kIters; ++i) M3QKV_OK(sm90_variant_call(od.a, od.dev, nullptr, s.get(), v, 128));
     CUDA_OK(cudaEventRecord(e1.get(), s.get()));
     CUDA_OK(cudaEventSynchronize(e1.get()));
     float ms = 0.f;
@@ -630,12 +600,12 @@ TEST(Sm90Timing, DISABLED_Timeline_TP4) {
     CUDA_OK(e1.error());
     for (int cold = 1; cold >= 0; --cold) {
       for (int i = 0; i < 3; ++i)
-        M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), m3qkv::kSm90AutoVariant, 0));
+        M3QKV_OK(sm90_variant_call(a, dev, nullptr, s.get(), m3qkv::kSm90AutoVariant, 0));
       if (cold) CUDA_OK(cudaMemsetAsync(flush.get(), cold, flush.size(), s.get()));
       CUDA_OK(cudaMemsetAsync(trace.get(), 0, trace.size(), s.get()));
       sm90_trace(trace.as<uint64_t>(), kCtas);
       CUDA_OK(cudaEventRecord(e0.get(), s.get()));
-      M3QKV_OK(sm90_call(a, dev, nullptr, s.get(), m3qkv::kSm90AutoVariant, 0));
+      M3QKV_OK(sm90_variant_call(a, dev, nullptr, s.get(), m3qkv::kSm90AutoVariant, 0));
       CUDA_OK(cudaEventRecord(e1.get(), s.get()));
       sm90_trace(nullptr, 0);
       CUDA_OK(cudaEventSynchronize(e1.get()));

@@ -27,6 +27,7 @@
 #include "common/test_util.h"
 #include "golden/golden.h"
 #include "gpu/gpu_util.h"
+#include "gpu/backend_support.h"
 #include "gpu/harness.h"
 #include "sm90/decode_config.h"
 #include "sm90/decode_plan.h"
@@ -37,36 +38,10 @@ namespace {
 using namespace m3qkv_gpu;
 using m3qkv_test::make_problem;
 
-constexpr bool arch_list_has(int want) {
-  constexpr int kList[] = {__CUDA_ARCH_LIST__};
-  for (int a : kList)
-    if (a == want) return true;
-  return false;
-}
-constexpr bool kBuiltSm90 = arch_list_has(900);
-
-template <bool kHave = kBuiltSm90>
-m3qkv_status decode_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s,
-                         int split) {
-  if constexpr (kHave)
-    return m3qkv::sm90_fused_decode(a, dev, tap, s, split);
-  else
-    return M3QKV_ERROR_UNSUPPORTED_DEVICE;
-}
-
 template <bool kHave = kBuiltSm90>
 void decode_trace(uint64_t* buf, int ctas) {
   if constexpr (kHave) m3qkv::sm90::decode::decode_set_trace(buf, ctas);
 }
-
-#define M3QKV_REQUIRE_SM90_DECODE()                                                                                \
-  do {                                                                                                             \
-    M3QKV_REQUIRE_GPU();                                                                                           \
-    if (!kBuiltSm90) GTEST_SKIP() << "library built without the sm_90a target (M3QKV_CUDA_ARCHS lacks 90a)";       \
-    if (::m3qkv_gpu::device_cc() != 90)                                                                            \
-      GTEST_SKIP() << "the SM90 kernel needs compute capability 9.0 (device has " << ::m3qkv_gpu::device_cc() / 10 \
-                   << "." << ::m3qkv_gpu::device_cc() % 10 << ")";                                                 \
-  } while (0)
 
 ProblemConfig config(const Heads& h, int64_t m, int64_t k, bool exact, int block_size) {
   ProblemConfig cfg;
@@ -95,7 +70,7 @@ std::string run_name(const DecodeRun& r) {
 void run_decode(const Problem& p, const DeviceInputs& in, const DecodeRun& run, int salt, Fetched* out,
                 std::vector<float>* acc, cudaStream_t stream = nullptr) {
   const auto launch = [&run](const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s) {
-    return decode_call(a, dev, tap, s, run.split);
+    return sm90_decode_call(a, dev, tap, s, run.split);
   };
   run_direct(p, in, run.use_pdl, run.grid, salt, launch, out, run.tap ? acc : nullptr, stream);
 }
@@ -133,7 +108,7 @@ std::vector<ExactCase> exact_cases() {
 class Sm90DecodeExact : public ::testing::TestWithParam<ExactCase> {};
 
 TEST_P(Sm90DecodeExact, BitExactVsGolden) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   const ExactCase& c = GetParam();
   // K: 4 stages (splits up to 4 per head), 2 where M·N is large (CPU golden time).
@@ -154,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Sweep, Sm90DecodeExact, ::testing::ValuesIn(exact_cases
 // unit) and the plan's; grids of 1 CTA (walks every unit: the stage ring and
 // the B ring wrap across units) and 7; PDL on and off.
 TEST(Sm90DecodeShapes, ForcedSplitsGridsPdl_TP4_K2048) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   for (int64_t m : {1, 64, 129}) {
     const Problem p = make_problem(config(kTP4, m, 2048, /*exact=*/true, 16));
@@ -178,7 +153,7 @@ TEST(Sm90DecodeShapes, ForcedSplitsGridsPdl_TP4_K2048) {
 // TP8 and TP1 at the real K with the plan's split (11 / 5 at M = 1): uneven
 // stage ranges (48 / 11), many units per CTA (TP1).
 TEST(Sm90DecodeShapes, RealKPlanSplits_TP8_TP1_K6144) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   for (const Heads& h : {kTP8, kTP1})
     for (int64_t m : {1, 16}) {
@@ -192,7 +167,7 @@ TEST(Sm90DecodeShapes, RealKPlanSplits_TP8_TP1_K6144) {
 }
 
 TEST(Sm90DecodeShapes, OutOfRangeSlotsAndPositionsFlaggedNotWritten_TP1_M200) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   ProblemConfig cfg = config(kTP1, 200, 256, /*exact=*/true, 128);
   cfg.out_of_range_slots = true;
@@ -215,7 +190,7 @@ TEST(Sm90DecodeShapes, OutOfRangeSlotsAndPositionsFlaggedNotWritten_TP1_M200) {
 // whatever the earlier calls wrote into the workspace (the partials once
 // began right after a plan's own counters, inside the next plan's).
 TEST(Sm90DecodeShapes, CountersOfAGrowingPlanOnOneStream_TP1) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   Stream s;
   CUDA_OK(s.error());
@@ -241,7 +216,7 @@ TEST(Sm90DecodeShapes, CountersOfAGrowingPlanOnOneStream_TP1) {
 // tokens and to the tile kernels above (sm90::decode_preferred): either way
 // the golden model's bytes.
 TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   const int heads = kTP4.nq + 2 * kTP4.nkv + kTP4.niq + kTP4.nik;
   ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads, false) && m3qkv::sm90_uses_decode(4096, heads, true));
@@ -266,7 +241,7 @@ TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
 // the cooperative (pre-A / prefill) launches to the co-resident CTAs — so
 // every value gives status 0 and the golden bytes, at the M of each SM90 path.
 TEST(Sm90DecodeShapes, AnyGridRunsOnEveryPath_TP4) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   for (int64_t m : {1, 64, 1024, 4096}) {
     const Problem p = make_problem(config(kTP4, m, m >= 1024 ? 256 : 512, /*exact=*/true, 128));
@@ -309,7 +284,7 @@ void invariant_run(const Problem& p, int64_t m, int32_t grid, m3qkv_backend_kind
 }
 
 TEST(Sm90BatchInvariance, SameTokensSameBytesAtEveryM) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   constexpr int64_t kFull = 4096;
   for (bool bf16 : {false, true}) {
@@ -361,7 +336,7 @@ std::string random_name(const RandomCase& c) {
 class Sm90DecodeRandom : public ::testing::TestWithParam<RandomCase> {};
 
 TEST_P(Sm90DecodeRandom, GemmErrorEpilogueOnTapRunToRun) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   const RandomCase& c = GetParam();
   const Problem p = make_problem(config(c.heads, c.m, c.k, /*exact=*/false, 128));
@@ -415,7 +390,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Sm90DecodeRandom,
 // a 256 MiB memset first; then warm), median / p90 over CTAs, µs from the
 // earliest kernel entry. Run with --gtest_also_run_disabled_tests.
 TEST(Sm90DecodeTiming, DISABLED_Timeline) {
-  M3QKV_REQUIRE_SM90_DECODE();
+  M3QKV_REQUIRE_SM90();
   print_seed_once();
   namespace dec = m3qkv::sm90::decode;
   constexpr int kCtas = 1024;
@@ -446,12 +421,12 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
     CUDA_OK(e0.error());
     CUDA_OK(e1.error());
     for (int cold = 1; cold >= 0; --cold) {
-      for (int i = 0; i < 3; ++i) M3QKV_OK(decode_call(a, dev, nullptr, s.get(), 0));
+      for (int i = 0; i < 3; ++i) M3QKV_OK(sm90_decode_call(a, dev, nullptr, s.get(), 0));
       if (cold) CUDA_OK(cudaMemsetAsync(flush.get(), cold, flush.size(), s.get()));
       CUDA_OK(cudaMemsetAsync(trace.get(), 0, trace.size(), s.get()));
       decode_trace(trace.as<uint64_t>(), kCtas);
       CUDA_OK(cudaEventRecord(e0.get(), s.get()));
-      M3QKV_OK(decode_call(a, dev, nullptr, s.get(), 0));
+      M3QKV_OK(sm90_decode_call(a, dev, nullptr, s.get(), 0));
       CUDA_OK(cudaEventRecord(e1.get(), s.get()));
       decode_trace(nullptr, 0);
       CUDA_OK(cudaEventSynchronize(e1.get()));

@@ -48,21 +48,13 @@
 #include "common/test_util.h"
 #include "golden/golden.h"
 #include "gpu/gpu_util.h"
+#include "gpu/backend_support.h"
 #include "gpu/harness.h"
 
 namespace {
 
 using namespace m3qkv_gpu;
 using m3qkv_test::make_problem;
-
-constexpr bool arch_list_has(int want) {
-  constexpr int kList[] = {__CUDA_ARCH_LIST__};
-  for (int a : kList)
-    if (a == want) return true;
-  return false;
-}
-
-const char* fmt_name(int d) { return d == 0 ? "nvfp4" : (d == 1 ? "fp8" : "bf16"); }
 
 struct XLayout {
   const char* name;
