@@ -94,6 +94,17 @@ M3_HD void owner_max(int32_t* a, int32_t v) {
 #endif
 }
 
+// Empties `t` (every query then says "owns"), then sync(): the start of every
+// fill below, and all the kernels running on resolved slot words need.
+template <int kKeys, class Sync>
+M3_HD void clear_slot_owners(SlotOwnerTable<kKeys>& t, int tid, int nthreads, const Sync& sync) {
+  for (int i = tid; i < SlotOwnerTable<kKeys>::kEntries; i += nthreads) {
+    t.key[i] = kSlotKeyEmpty;
+    t.last[i] = -1;
+  }
+  sync();
+}
+
 // Fills `t` for rows [row0, row0 + rows) of a call of m rows (rows past m are
 // left out); rows · (maps == kSlotMapBoth ? 2 : 1) <= kKeys. Called by threads
 // tid = 0 .. nthreads-1 of the block, all of them, after their last query of
@@ -110,11 +121,7 @@ M3_HD void build_slot_owners(SlotOwnerTable<kKeys>& t, const int64_t* slots,
   using Table = SlotOwnerTable<kKeys>;
   constexpr uint32_t kMask = Table::kEntries - 1u;
   const int n = static_cast<int>(row0 + rows <= m ? rows : (m > row0 ? m - row0 : 0));
-  for (int i = tid; i < Table::kEntries; i += nthreads) {
-    t.key[i] = kSlotKeyEmpty;
-    t.last[i] = -1;
-  }
-  sync();
+  clear_slot_owners(t, tid, nthreads, sync);
   const bool kv = (maps & kSlotMapKv) != 0u, ix = (maps & kSlotMapIndex) != 0u;
   // The block's rows: insert each key, keep the largest row.
   for (int i = tid; i < 2 * n; i += nthreads) {
@@ -198,15 +205,6 @@ M3_HD void owner_table_insert(unsigned long long* key, int32_t* last, uint32_t m
 M3_HD int64_t owner_table_resolve(const unsigned long long* key, const int32_t* last, uint32_t mask, int64_t slot,
                                   bool index, int64_t row) {
   return SlotOwners{key, last, mask}.owns(slot, index, row) ? slot : -1;
-}
-// An empty block table: every query says "owns" (the resolved words' kernels).
-template <int kKeys, class Sync>
-M3_HD void clear_slot_owners(SlotOwnerTable<kKeys>& t, int tid, int nthreads, const Sync& sync) {
-  for (int i = tid; i < SlotOwnerTable<kKeys>::kEntries; i += nthreads) {
-    t.key[i] = kSlotKeyEmpty;
-    t.last[i] = -1;
-  }
-  sync();
 }
 
 // The slot words a block of `kind` heads writes (0: q / index_q heads, no

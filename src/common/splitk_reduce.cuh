@@ -93,9 +93,9 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
       const float* base = p.partials + static_cast<int64_t>(u - w.s) * NT * kHeadCols;
       // Every float4 item's S partials, summed in the fixed order s = 0, 1,
       // ... (this unit's own read back from T: the same bits as its slot),
-      // kItems items × kBatch splits per thread loaded together. One item at
-      // a time the L2 round trips are the tail (16 rounds at NT = 128: most
-      // of the 19 µs of TP4 M = 128's last arrivers on the H200 timeline).
+      // kItems items × kBatch splits per thread loaded together: one item at
+      // a time, the last arriver waits one L2 round trip per item (16 at
+      // NT = 128), on the critical path of its tile.
       if constexpr (kItems == 1) {
         // The form the SM100 decode kernel's 168 registers were fitted to
         // (the multi-item loop below spills there even with one item).

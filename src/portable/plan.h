@@ -103,10 +103,10 @@ struct InsertPlan {
 
 // Slot ownership (docs/contract.md §4.4): each CTA round of the insert builds
 // a table of its rows' slots from every later row's slot words, O(M) loads per
-// round and so O(M²) per call: +550 µs at M = 16384 (TP4, the bench's
-// insert_nvfp4 against the previous sweep), ~2 µs at M <= 256. From
-// kOwnerPassMinM rows the call resolves ownership once instead
-// (common/slot_owners.cuh whole-call form: three O(M) passes, ~3 launches).
+// round and so O(M²) per call. From kOwnerPassMinM rows the call resolves
+// ownership once instead (common/slot_owners.cuh whole-call form: three O(M)
+// passes, three more launches); below it the rounds' scans cost less than
+// those launches. The threshold is an estimate, not a measured crossover.
 constexpr int64_t kOwnerPassMinM = 2048;
 
 // The automatic layout (the thresholds above): R head rows per SM.
