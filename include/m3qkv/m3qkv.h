@@ -258,6 +258,17 @@ typedef struct m3qkv_fused_args {
      so). sm100 refuses it (M3QKV_ERROR_INVALID_ARGUMENT). Costs speed at small M
      (no split-K): bench entry fused_sm90_invariant_fp8. */
   int32_t batch_invariant;
+
+  /* ---- precision (appended in 0.3; 0 = exact) ----
+     0: exact (docs/contract.md §3). 1: Hopper's fp8 fast mode (docs/contract.md
+     "fp8 fast mode"): wq / wsf must be weights prepared by
+     m3qkv_prepare_weights_fp8 (the four 32-K scales of each 128-K group equal);
+     the activations are folded the same way per 128 K, each 128-K group runs
+     as fp8 MMAs and is added to the f32 accumulator times its two scales.
+     The epilogue is unchanged. sm90 only (portable and sm100 refuse it), MXFP8
+     activations only (xq / xsf), batch_invariant 0. Small M may run the exact
+     kernels on the prepared weights (never slower than exact mode). */
+  int32_t precision;
 } m3qkv_fused_args;
 
 /*
@@ -324,6 +335,35 @@ typedef struct m3qkv_gemm_args {
   /* ---- bf16 activations (appended in 0.3; NULL = xq / xsf), as in m3qkv_fused_args ---- */
   const void* x_bf16; /* bf16 [M, K] row-major, 16-B aligned; exactly one of x_bf16 and (xq, xsf) given */
 } m3qkv_gemm_args;
+
+/*
+ * Arguments of m3qkv_prepare_weights_fp8: the one-time fold of an MXFP8
+ * weight for the fp8 fast mode (precision = 1). Per (row, 128-K group) the
+ * scale becomes E = the largest of its four block scales and each block's
+ * e4m3 values are multiplied by 2^(e - E) and rounded to e4m3 (RN-even): exact
+ * unless a value falls below e4m3's normal range. The result is an MXFP8
+ * weight of the same layout (wsf_out holds E in all four blocks of a group),
+ * so exact mode reads it too. Outputs are the sizes of the inputs
+ * (m3qkv_prepare_weights_fp8_sizes) and must not overlap them.
+ */
+typedef struct m3qkv_fold_stats {
+  int64_t changed;       /* weight elements whose value the fold changed */
+  double max_rel_change; /* largest ||w' - w|| / ||w|| of a (row, 128-K group): the bound,
+                            relative to ||w||·||x||, of the change of that group's dot product */
+} m3qkv_fold_stats;
+
+typedef struct m3qkv_prepare_args {
+  size_t struct_size; /* = sizeof(m3qkv_prepare_args) */
+  int64_t n;          /* rows, > 0, multiple of 128 */
+  int64_t k;          /* > 0, multiple of 128 */
+  const void* wq;     /* e4m3 [N, K], 16-B aligned */
+  const void* wsf;    /* F8_128x4 scales of [N, K/32], 16-B aligned */
+  void* wq_out;       /* e4m3 [N, K], 16-B aligned */
+  void* wsf_out;      /* F8_128x4 [N, K/32], 16-B aligned */
+  /* host, optional: the fold's statistics. When given, the call waits for the
+     stream (not allowed while it is capturing: M3QKV_ERROR_INVALID_ARGUMENT). */
+  m3qkv_fold_stats* stats;
+} m3qkv_prepare_args;
 
 /*
  * Arguments of m3qkv_mxfp8_quantize: bf16 x [M, K] -> e4m3 xq + F8_128x4 xsf
@@ -408,6 +448,11 @@ M3QKV_API m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args
 M3QKV_API m3qkv_status m3qkv_mxfp8_gemm(const m3qkv_gemm_args* args, cudaStream_t stream);
 /* bf16 -> MXFP8 activation quantizer (OCP MX rule). */
 M3QKV_API m3qkv_status m3qkv_mxfp8_quantize(const m3qkv_quantize_args* args, cudaStream_t stream);
+/* Folds an MXFP8 weight for precision = 1 (m3qkv_prepare_args), on `stream`. */
+M3QKV_API m3qkv_status m3qkv_prepare_weights_fp8(const m3qkv_prepare_args* args, cudaStream_t stream);
+/* Bytes of m3qkv_prepare_args' wq_out and wsf_out for an [n, k] weight;
+   M3QKV_ERROR_INVALID_SHAPE for shapes the fold does not take. */
+M3QKV_API m3qkv_status m3qkv_prepare_weights_fp8_sizes(int64_t n, int64_t k, size_t* wq_bytes, size_t* wsf_bytes);
 /*
  * Load modules and set shared-memory attributes for `device` ahead of the
  * first call. Self-test mode (M3QKV_SELFTEST_ON_WARMUP=1 in the environment,

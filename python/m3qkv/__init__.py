@@ -39,8 +39,8 @@ from ._capi import (CACHE_BF16, CACHE_FP8, CACHE_NVFP4, FLAG_INDEX_SLOT_OUT_OF_R
                     library)
 
 __version__ = "0.1.0"
-__all__ = ["fused_qkv", "qknorm_rope_kv_insert", "mxfp8_gemm", "mxfp8_quantize", "backend", "warmup", "selftest",
-           "release_stream",
+__all__ = ["fused_qkv", "qknorm_rope_kv_insert", "mxfp8_gemm", "mxfp8_quantize", "prepare_weights", "backend", "warmup",
+           "selftest", "release_stream",
            "library", "torch_ops", "M3qkvError", "M3qkvValueError", "M3qkvRuntimeError", "M3qkvFallbackWarning",
            "M3qkvTorchOpsFallbackWarning",
            "FLAG_SLOT_OUT_OF_RANGE",
@@ -117,6 +117,18 @@ def mxfp8_quantize(x, *, use_pdl=True):
     f = _ops.mxfp8_quantize_impl if _direct(x) else torch.ops.m3qkv.mxfp8_quantize.default
     try:
         return f(x, use_pdl=use_pdl)
+    except (ValueError, RuntimeError) as e:
+        raise _capi.from_native(e) from None
+
+
+def prepare_weights(wq, wsf, *, mode="fp8", stats=False):
+    """The fp8 fast mode's one-time weight fold (m3qkv_prepare_weights_fp8): new
+    (wq', wsf') of the same shapes, each 128-K group under its largest block scale
+    (docs/contract.md "fp8 fast mode"); with stats=True also {"changed": elements
+    the fold changed, "max_rel_change": the largest ||w' - w|| / ||w|| of a group},
+    which waits for the stream. The C API's precision = 1 reads the result."""
+    try:
+        return _ops.prepare_weights_impl(wq, wsf, mode=mode, stats=stats)
     except (ValueError, RuntimeError) as e:
         raise _capi.from_native(e) from None
 

@@ -143,7 +143,7 @@ CACHE_FORMAT_FIELDS = [
     ("v_cache", c_void_p), ("kv_token_stride", c_int64), ("kv_head_stride", c_int64),
 ]
 X_BF16_FIELDS = [("x_bf16", c_void_p)]
-BATCH_INVARIANT_FIELDS = [("batch_invariant", c_int32)]  # fused only (0.3)
+BATCH_INVARIANT_FIELDS = [("batch_invariant", c_int32), ("precision", c_int32)]  # fused only (0.3)
 GEMM_FIELDS = [
     ("struct_size", c_size_t),
     ("m", c_int64), ("n", c_int64), ("k", c_int64),
@@ -157,6 +157,16 @@ QUANTIZE_FIELDS = [
     ("x", c_void_p), ("xq", c_void_p), ("xsf", c_void_p),
     ("use_pdl", c_int32),
 ]
+
+
+# m3qkv_prepare_weights_fp8 (0.3): the fp8 fast mode's weight fold.
+PREPARE_FIELDS = [
+    ("struct_size", c_size_t),
+    ("n", c_int64), ("k", c_int64),
+    ("wq", c_void_p), ("wsf", c_void_p), ("wq_out", c_void_p), ("wsf_out", c_void_p),
+    ("stats", c_void_p),
+]
+FOLD_STATS_FIELDS = [("changed", c_int64), ("max_rel_change", ctypes.c_double)]
 
 
 # The self-test report (m3qkv_selftest_report); read, never packed.
@@ -198,6 +208,8 @@ FusedArgs = _struct("m3qkv_fused_args", FUSED_FIELDS + CACHE_FORMAT_FIELDS + X_B
 InsertArgs = _struct("m3qkv_insert_args", INSERT_FIELDS + CACHE_FORMAT_FIELDS)
 GemmArgs = _struct("m3qkv_gemm_args", GEMM_FIELDS + X_BF16_FIELDS)
 QuantizeArgs = _struct("m3qkv_quantize_args", QUANTIZE_FIELDS)
+PrepareArgs = _struct("m3qkv_prepare_args", PREPARE_FIELDS)
+FoldStats = _struct("m3qkv_fold_stats", FOLD_STATS_FIELDS)
 SelftestEntry = _struct("m3qkv_selftest_entry", SELFTEST_ENTRY_FIELDS)
 SelftestReport = _struct("m3qkv_selftest_report", [
     ("struct_size", c_size_t), ("status", c_int32), ("device", c_int32), ("cc_major", c_int32),
@@ -217,6 +229,7 @@ STRUCTS = {
     "insert": (InsertArgs, [InsertArgs, InsertArgsV0]),
     "gemm": (GemmArgs, [GemmArgs, GemmArgsV0]),
     "quantize": (QuantizeArgs, [QuantizeArgs]),
+    "prepare": (PrepareArgs, [PrepareArgs]),
     "selftest_entry": (SelftestEntry, [SelftestEntry]),
     "selftest_report": (SelftestReport, [SelftestReport]),
 }
@@ -268,6 +281,10 @@ class Library:
         if self.release_stream is not None:
             self.release_stream.argtypes = [c_void_p]
             self.release_stream.restype = c_int
+        self.prepare_weights_fp8 = getattr(dll, "m3qkv_prepare_weights_fp8", None)
+        if self.prepare_weights_fp8 is not None:
+            self.prepare_weights_fp8.argtypes = [c_void_p, c_void_p]
+            self.prepare_weights_fp8.restype = c_int
         self.set_backend = getattr(dll, "m3qkv_set_backend", None)
         if self.set_backend is not None:
             self.set_backend.argtypes = [c_int, c_int]

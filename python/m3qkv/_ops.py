@@ -692,6 +692,36 @@ def mxfp8_quantize_impl(x, *, use_pdl=True):
     return xq, xsf
 
 
+def prepare_weights_impl(wq, wsf, *, mode="fp8", stats=False):
+    fn = "m3qkv.prepare_weights"
+    if mode != "fp8":
+        _fail(fn, f'mode must be "fp8" (the fp8 fast mode\'s fold), got {mode!r}')
+    if wq is None or wsf is None:
+        _fail(fn, "wq and wsf are required")
+    dev = wq.device
+    _tensor(fn, "wq", wq, _E4M3, dev, 2)
+    n, k = wq.shape
+    if n % 128 or k % 128:
+        _fail(fn, f"wq must be [N, K] with N % 128 == 0 and K % 128 == 0, got {_desc(wq)}")
+    _scales(fn, "wsf", wsf, n, k, dev, "wq")
+    _cuda_dev(fn, dev)
+    lib = _capi.library()
+    if lib.prepare_weights_fp8 is None:
+        _fail(fn, f"the loaded library ({lib.path}) predates m3qkv_prepare_weights_fp8")
+    wq_out = torch.empty_like(wq)
+    wsf_out = torch.empty_like(wsf)
+    a = _struct(_capi.PrepareArgs)
+    a.struct_size = ctypes.sizeof(a)
+    a.n, a.k = n, k
+    a.wq, a.wsf, a.wq_out, a.wsf_out = wq.data_ptr(), wsf.data_ptr(), wq_out.data_ptr(), wsf_out.data_ptr()
+    st = _capi.FoldStats()
+    a.stats = ctypes.addressof(st) if stats else None
+    _call(dev, lib.prepare_weights_fp8, a)
+    if stats:
+        return wq_out, wsf_out, {"changed": int(st.changed), "max_rel_change": float(st.max_rel_change)}
+    return wq_out, wsf_out
+
+
 def backend_impl(device=-1):
     lib = _capi.library()
     if device < 0:

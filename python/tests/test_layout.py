@@ -14,7 +14,7 @@ from m3qkv import _capi
 
 HEADER = "include/m3qkv/m3qkv.h"
 C_NAMES = {"fused": "m3qkv_fused_args", "insert": "m3qkv_insert_args", "gemm": "m3qkv_gemm_args",
-           "quantize": "m3qkv_quantize_args", "selftest_entry": "m3qkv_selftest_entry",
+           "quantize": "m3qkv_quantize_args", "prepare": "m3qkv_prepare_args", "selftest_entry": "m3qkv_selftest_entry",
            "selftest_report": "m3qkv_selftest_report"}
 
 

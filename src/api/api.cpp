@@ -206,10 +206,20 @@ m3qkv_status check_sm100_refusals(m3qkv_backend_kind b, const m3qkv_fused_args& 
   return M3QKV_SUCCESS;
 }
 
+// The fp8 fast mode (precision 1) is a Hopper mainloop: the other backends
+// refuse it by name rather than run exact mode on weights the caller folded.
+m3qkv_status check_precision_backend(m3qkv_backend_kind b, const m3qkv_fused_args& a) {
+  if (a.precision == 0 || b == M3QKV_BACKEND_SM90) return M3QKV_SUCCESS;
+  return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+              "m3qkv_fused_qkv: precision = 1 (fp8 fast mode) runs on the sm90 backend only, not %s; use precision = 0",
+              m3qkv_backend_name(b));
+}
+
 m3qkv_status launch_fused(m3qkv_backend_kind b, const m3qkv_fused_args& a, const DeviceInfo& d, float* acc_tap,
                           cudaStream_t s) {
   (void)a, (void)d, (void)acc_tap, (void)s;  // unused when no backend is compiled in
   M3QKV_TRY(check_sm100_refusals(b, a));
+  M3QKV_TRY(check_precision_backend(b, a));
   m3qkv_status st = M3QKV_ERROR_INTERNAL;
   bool compiled = false;  // choose_fused only returns backends that are compiled in
   switch (b) {
@@ -494,6 +504,28 @@ m3qkv_status m3qkv_mxfp8_quantize(const m3qkv_quantize_args* args, cudaStream_t 
                         return fail(M3QKV_ERROR_INTERNAL, "portable_quantize is not compiled in");
 #endif
                       });
+}
+
+m3qkv_status m3qkv_prepare_weights_fp8(const m3qkv_prepare_args* args, cudaStream_t stream) {
+  // No no-op: n > 0 is required.
+  const auto validate = [](const m3qkv_prepare_args* in, m3qkv_prepare_args* out, bool* noop) {
+    *noop = false;
+    return validate_prepare(in, out);
+  };
+  return run_portable("m3qkv_prepare_weights_fp8", args, stream, +validate, &host::prepare_extents,
+                      [](const m3qkv_prepare_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
+#if M3QKV_WITH_PORTABLE
+                        return portable_prepare(a, d, s);
+#else
+                        (void)a, (void)d, (void)s;  // unreachable: run_portable checked kHavePortable
+                        return fail(M3QKV_ERROR_INTERNAL, "portable_prepare is not compiled in");
+#endif
+                      });
+}
+
+m3qkv_status m3qkv_prepare_weights_fp8_sizes(int64_t n, int64_t k, size_t* wq_bytes, size_t* wsf_bytes) {
+  return guarded("m3qkv_prepare_weights_fp8_sizes",
+                 [&]() -> m3qkv_status { return prepare_sizes(n, k, wq_bytes, wsf_bytes); });
 }
 
 // Reports the backend m3qkv_fused_qkv would use on `device` (its choice:

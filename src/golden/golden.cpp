@@ -428,6 +428,17 @@ void fold_mxfp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t k, uin
   *stats = st;
 }
 
+void prepare_fp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t k, std::vector<uint8_t>* wq_out,
+                 std::vector<uint8_t>* wsf_out, FoldStats* stats) {
+  const int64_t kb = k / 32, groups = k / fold::kGroupK;
+  std::vector<uint8_t> scale(size_t(n * groups));
+  wq_out->assign(size_t(n * k), 0);
+  fold_mxfp8(wq, wsf, n, k, wq_out->data(), scale.data(), stats);
+  wsf_out->assign(wsf, wsf + f8_128x4_bytes(n, kb));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < kb; ++c) (*wsf_out)[size_t(f8_128x4_offset(r, c, kb))] = scale[size_t(r * groups + c / 4)];
+}
+
 std::vector<double> folded_acc_f64(const uint8_t* xq, const uint8_t* xs, const uint8_t* wq, const uint8_t* ws, int64_t m,
                                    int64_t n, int64_t k) {
   const int64_t groups = k / fold::kGroupK;

@@ -51,6 +51,11 @@ struct FoldStats {
 };
 void fold_mxfp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t k, uint8_t* wq_out, uint8_t* scale_out,
                 FoldStats* stats);
+// m3qkv_prepare_weights_fp8's result: fold_mxfp8's values, and its group
+// scales in the F8_128x4 layout of wsf (the scale in all four blocks of a
+// group; padding rows as in wsf), so the result is an MXFP8 weight too.
+void prepare_fp8(const uint8_t* wq, const uint8_t* wsf, int64_t n, int64_t k, std::vector<uint8_t>* wq_out,
+                 std::vector<uint8_t>* wsf_out, FoldStats* stats);
 // The accumulator of two folded operands in f64 (no rounding but the fold's):
 // acc[i][j] = Σ_g 2^(sx[i,g] + sw[j,g] − 254) · Σ_{k∈g} x'[i,k]·w'[j,k].
 std::vector<double> folded_acc_f64(const uint8_t* xq, const uint8_t* xs, const uint8_t* wq, const uint8_t* ws, int64_t m,

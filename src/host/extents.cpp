@@ -197,4 +197,14 @@ m3qkv_status quantize_extents(const char* fn, const m3qkv_quantize_args& a, Exte
   return b.status();
 }
 
+m3qkv_status prepare_extents(const char* fn, const m3qkv_prepare_args& a, Extents* out) {
+  Builder b(fn, out);
+  const int64_t sf_bytes = f8_128x4_bytes(a.n, a.k / kMxBlock);
+  b.buffer("wq", a.wq, a.n * a.k, kIn);
+  b.buffer("wsf", a.wsf, sf_bytes, kIn);
+  b.buffer("wq_out", a.wq_out, a.n * a.k, kOut);
+  b.buffer("wsf_out", a.wsf_out, sf_bytes, kOut);
+  return b.status();
+}
+
 }  // namespace m3qkv::host

@@ -54,6 +54,7 @@ m3qkv_status fused_extents(const char* fn, const m3qkv_fused_args& a, Extents* o
 m3qkv_status insert_extents(const char* fn, const m3qkv_insert_args& a, Extents* out);
 m3qkv_status gemm_extents(const char* fn, const m3qkv_gemm_args& a, Extents* out);
 m3qkv_status quantize_extents(const char* fn, const m3qkv_quantize_args& a, Extents* out);
+m3qkv_status prepare_extents(const char* fn, const m3qkv_prepare_args& a, Extents* out);
 
 // Whether two extents share a byte.
 bool extents_overlap(const Extent& a, const Extent& b);

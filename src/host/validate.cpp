@@ -139,6 +139,10 @@ template <>
 constexpr Released<m3qkv_quantize_args> released_sizes<m3qkv_quantize_args>() {
   return {{kQuantizeArgsSizeV1, kQuantizeArgsSizeV2, sizeof(m3qkv_quantize_args)}};
 }
+template <>  // new in 0.3
+constexpr Released<m3qkv_prepare_args> released_sizes<m3qkv_prepare_args>() {
+  return {{sizeof(m3qkv_prepare_args), sizeof(m3qkv_prepare_args), sizeof(m3qkv_prepare_args)}};
+}
 
 // struct_size must be a released size (0.1's, 0.2's or this header's
 // sizeof). A size in between would cut a field in half.
@@ -737,6 +741,21 @@ m3qkv_status check_header(Ctx c, const A* in, const char* type, A* out, bool* no
   return M3QKV_SUCCESS;
 }
 
+// The fp8 fast mode (precision 1) folds MXFP8 activations and sums in its
+// own K order: bf16 activations and batch invariance need exact mode.
+m3qkv_status check_precision(Ctx c, int32_t precision, const void* x_bf16, int32_t batch_invariant) {
+  M3QKV_TRY(in_range(c, "precision", precision, 0, 1, "0 (exact) or 1 (fp8 fast mode)"));
+  if (precision == 1 && x_bf16 != nullptr)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "%s: precision = 1 (fp8 fast mode) takes MXFP8 activations (xq, xsf), not x_bf16; quantize them with "
+                "m3qkv_mxfp8_quantize or use precision = 0",
+                c.fn);
+  if (precision == 1 && batch_invariant != 0)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "%s: batch_invariant = 1 needs precision = 0 (the fp8 fast mode's K order depends on the plan)", c.fn);
+  return M3QKV_SUCCESS;
+}
+
 // Step 4 of the order above; returns true when validation is complete.
 bool is_noop(int64_t m, bool* noop) {
   if (m != 0) return false;
@@ -744,6 +763,18 @@ bool is_noop(int64_t m, bool* noop) {
   return true;
 }
 
+}  // namespace
+
+namespace {
+// The weight shapes the fold takes (m3qkv_prepare_weights_fp8 and its sizes query).
+m3qkv_status prepare_shape(Ctx c, int64_t n, int64_t k) {
+  M3QKV_TRY(positive(c, "n", n));
+  M3QKV_TRY(multiple_of(c, "n", n, kNMultiple));
+  M3QKV_TRY(within_limit(c, "n", n, kMaxN, /*inclusive=*/true));
+  M3QKV_TRY(check_k(c, k));
+  int64_t bytes = 0;
+  return product(c, "n*k (wq bytes)", {n, k}, &bytes);
+}
 }  // namespace
 
 m3qkv_status validate_fused(const m3qkv_fused_args* args, m3qkv_fused_args* out, bool* noop) {
@@ -758,6 +789,7 @@ m3qkv_status validate_fused(const m3qkv_fused_args* args, m3qkv_fused_args* out,
   M3QKV_TRY(check_gemm_sizes(c, g));
   M3QKV_TRY(in_range(c, "cta_group", a->cta_group, 0, 2, "0 (auto), 1 or 2"));
   M3QKV_TRY(in_range(c, "batch_invariant", a->batch_invariant, 0, 1, "0 (off) or 1"));
+  M3QKV_TRY(check_precision(c, a->precision, a->x_bf16, a->batch_invariant));
   if (is_noop(a->m, noop)) return M3QKV_SUCCESS;
   M3QKV_TRY(check_gemm_pointers(c, g));
   M3QKV_TRY(check_epilogue_pointers(c, e));
@@ -831,6 +863,34 @@ m3qkv_status validate_quantize(const m3qkv_quantize_args* args, m3qkv_quantize_a
   host::Extents x;
   M3QKV_TRY(host::quantize_extents(c.fn, *a, &x));
   return host::check_overlaps(c.fn, &x);
+}
+
+m3qkv_status validate_prepare(const m3qkv_prepare_args* args, m3qkv_prepare_args* out) {
+  const Ctx c{"m3qkv_prepare_weights_fp8"};
+  M3QKV_TRY(check_header(c, args, "m3qkv_prepare_args", out, nullptr));
+  const m3qkv_prepare_args* a = out;
+  M3QKV_TRY(prepare_shape(c, a->n, a->k));
+  M3QKV_TRY(non_null(c, "wq", a->wq));
+  M3QKV_TRY(non_null(c, "wsf", a->wsf));
+  M3QKV_TRY(non_null(c, "wq_out", a->wq_out));
+  M3QKV_TRY(non_null(c, "wsf_out", a->wsf_out));
+  M3QKV_TRY(aligned(c, "wq", a->wq, kWideAlign));
+  M3QKV_TRY(aligned(c, "wsf", a->wsf, kWideAlign));
+  M3QKV_TRY(aligned(c, "wq_out", a->wq_out, kWideAlign));
+  M3QKV_TRY(aligned(c, "wsf_out", a->wsf_out, kWideAlign));
+  host::Extents x;
+  M3QKV_TRY(host::prepare_extents(c.fn, *a, &x));
+  return host::check_overlaps(c.fn, &x);
+}
+
+m3qkv_status prepare_sizes(int64_t n, int64_t k, size_t* wq_bytes, size_t* wsf_bytes) {
+  const Ctx c{"m3qkv_prepare_weights_fp8_sizes"};
+  M3QKV_TRY(non_null(c, "wq_bytes", wq_bytes));
+  M3QKV_TRY(non_null(c, "wsf_bytes", wsf_bytes));
+  M3QKV_TRY(prepare_shape(c, n, k));
+  *wq_bytes = static_cast<size_t>(n) * static_cast<size_t>(k);
+  *wsf_bytes = static_cast<size_t>(f8_128x4_bytes(n, k / kMxBlock));
+  return M3QKV_SUCCESS;
 }
 
 }  // namespace m3qkv

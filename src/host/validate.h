@@ -1,4 +1,4 @@
-// Full argument validation of the four entry points (docs/contract.md §2, §5.2, §7.2).
+// Full argument validation of the entry points (docs/contract.md §2, §5.2, §7.2).
 // Launches nothing and touches no device memory.
 #pragma once
 
@@ -14,5 +14,8 @@ m3qkv_status validate_fused(const m3qkv_fused_args* args, m3qkv_fused_args* out,
 m3qkv_status validate_insert(const m3qkv_insert_args* args, m3qkv_insert_args* out, bool* noop);
 m3qkv_status validate_gemm(const m3qkv_gemm_args* args, m3qkv_gemm_args* out, bool* noop);
 m3qkv_status validate_quantize(const m3qkv_quantize_args* args, m3qkv_quantize_args* out, bool* noop);
+// m3qkv_prepare_weights_fp8 (n > 0 always: no no-op) and its sizes query.
+m3qkv_status validate_prepare(const m3qkv_prepare_args* args, m3qkv_prepare_args* out);
+m3qkv_status prepare_sizes(int64_t n, int64_t k, size_t* wq_bytes, size_t* wsf_bytes);
 
 }  // namespace m3qkv

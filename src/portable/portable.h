@@ -15,6 +15,10 @@ m3qkv_status portable_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, fl
 m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cudaStream_t s);
 m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s);
 m3qkv_status portable_quantize(const m3qkv_quantize_args& a, const DeviceInfo& dev, cudaStream_t s);
+// m3qkv_prepare_weights_fp8: the fold of common/fold_fp8.h, one thread per
+// (row, 128-K group); with a.stats, the statistics through a temporary device
+// word pair, waiting for the stream (refused while it captures).
+m3qkv_status portable_prepare(const m3qkv_prepare_args& a, const DeviceInfo& dev, cudaStream_t s);
 // Shared-memory attributes and module loading ahead of the first call.
 m3qkv_status portable_warmup(const DeviceInfo& dev);
 

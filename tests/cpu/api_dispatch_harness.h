@@ -99,6 +99,9 @@ namespace {
                                                      cudaStream_t s) {
   return record("portable_quantize", d, nullptr, s);
 }
+[[maybe_unused]] m3qkv_status fake_portable_prepare(const m3qkv_prepare_args&, const DeviceInfo& d, cudaStream_t s) {
+  return record("portable_prepare", d, nullptr, s);
+}
 [[maybe_unused]] m3qkv_status fake_sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,
                                               cudaStream_t s) {
   return record_fused("sm90_fused", a, d, t, s);
@@ -131,6 +134,7 @@ namespace {
 #define portable_gemm fake_portable_gemm
 #define portable_insert fake_portable_insert
 #define portable_quantize fake_portable_quantize
+#define portable_prepare fake_portable_prepare
 #define sm90_fused fake_sm90_fused
 #define sm90_fused_variant fake_sm90_fused_variant
 #define sm90_fused_decode fake_sm90_fused_decode
@@ -144,6 +148,8 @@ namespace {
 #define m3qkv_qknorm_rope_kv_insert DISPATCH_CAT(DISPATCH_PREFIX, qknorm_rope_kv_insert)
 #define m3qkv_mxfp8_gemm DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_gemm)
 #define m3qkv_mxfp8_quantize DISPATCH_CAT(DISPATCH_PREFIX, mxfp8_quantize)
+#define m3qkv_prepare_weights_fp8 DISPATCH_CAT(DISPATCH_PREFIX, prepare_weights_fp8)
+#define m3qkv_prepare_weights_fp8_sizes DISPATCH_CAT(DISPATCH_PREFIX, prepare_weights_fp8_sizes)
 #define m3qkv_backend DISPATCH_CAT(DISPATCH_PREFIX, backend)
 #define m3qkv_warmup DISPATCH_CAT(DISPATCH_PREFIX, warmup)
 #define m3qkv_selftest DISPATCH_CAT(DISPATCH_PREFIX, selftest)
@@ -156,6 +162,7 @@ namespace {
 #undef portable_gemm
 #undef portable_insert
 #undef portable_quantize
+#undef portable_prepare
 #undef sm90_fused
 #undef sm90_fused_variant
 #undef sm90_fused_decode
@@ -168,6 +175,8 @@ namespace {
 #undef m3qkv_qknorm_rope_kv_insert
 #undef m3qkv_mxfp8_gemm
 #undef m3qkv_mxfp8_quantize
+#undef m3qkv_prepare_weights_fp8
+#undef m3qkv_prepare_weights_fp8_sizes
 #undef m3qkv_backend
 #undef m3qkv_warmup
 #undef m3qkv_selftest
