@@ -17,6 +17,7 @@
 //   cublaslt_fp8+insert  the same, then m3qkv's insert on its output
 //   fused_<backend>_xbf16_fp8 the fused kernel, FP8 caches, bf16 activations (x_bf16)
 //   fused_<backend>_invariant_fp8 the fused kernel, FP8 caches, batch_invariant = 1
+//   fused_sm90_fast_fp8         FP8 caches, precision = 1 on prepared weights (sm90_fast: its kernel forced)
 //   fused_<backend>_<fmt> the fused kernel writing FP8 or BF16 caches (fmt = fp8,
 //                        bf16: KV and index cache in that format, vLLM flash KV
 //                        layout [num_blocks, 128, nkv, 128] as two tensors)
@@ -349,6 +350,9 @@ struct M3Set {
 struct M3Sets {
   std::vector<DevPtr> own;
   std::vector<M3Set> sets;
+  // precision = 1 (fp8 fast mode): each set's FP8-cache call on its own
+  // prepared copy of the weights (built on first use: fast_args).
+  std::vector<m3qkv_fused_args> fast;
 };
 
 std::unique_ptr<M3Sets> build_m3_sets(const Heads& h, int64_t m, int r) {
@@ -858,6 +862,59 @@ void bench_fused_invariant(benchmark::State& state, m3qkv_backend_kind backend) 
   });
 }
 
+// Each set's FP8-cache args with precision = 1 on weights folded by
+// m3qkv_prepare_weights_fp8 into new buffers (one per set: cold L2 as for the others).
+const std::vector<m3qkv_fused_args>* fast_args(M3Sets* s, const Heads& h) {
+  if (!s->fast.empty()) return &s->fast;
+  size_t qb = 0, sb = 0;
+  if (m3qkv_prepare_weights_fp8_sizes(h.n(), kK, &qb, &sb) != M3QKV_SUCCESS) return nullptr;
+  std::vector<m3qkv_fused_args> out;
+  for (const auto& set : s->sets) {
+    m3qkv_fused_args a = set.fused_fmt[M3QKV_CACHE_FP8];
+    m3qkv_prepare_args pa{};
+    pa.struct_size = sizeof pa;
+    pa.n = h.n();
+    pa.k = kK;
+    pa.wq = a.wq;
+    pa.wsf = a.wsf;
+    pa.wq_out = dev_alloc(s->own, qb);
+    pa.wsf_out = dev_alloc(s->own, sb);
+    if (!pa.wq_out || !pa.wsf_out || m3qkv_prepare_weights_fp8(&pa, dev().stream) != M3QKV_SUCCESS) return nullptr;
+    a.wq = pa.wq_out;
+    a.wsf = pa.wsf_out;
+    a.precision = 1;
+    out.push_back(a);
+  }
+  if (cudaStreamSynchronize(dev().stream) != cudaSuccess) return nullptr;
+  s->fast = std::move(out);
+  return &s->fast;
+}
+
+// fused_<backend>_fast_fp8: FP8 caches, precision = 1 (the plan's route: the
+// fast kernel from sm90::kFastMinM, exact mode on the prepared weights below).
+// sm90_fast: the fast kernel forced at every M (the route is read off these).
+void bench_fused_fast(benchmark::State& state, m3qkv_backend_kind backend, bool forced, int cluster = 0) {
+  const Heads& h = arg_heads(state);
+  const int64_t m = state.range(1);
+  M3Sets* s = m3_sets(h, m);
+  if (!s) return skip_setup(state);
+  const std::vector<m3qkv_fused_args>* args = fast_args(s, h);
+  if (!args) return state.SkipWithError((std::string("prepare failed: ") + m3qkv_last_error()).c_str());
+#if M3QKV_WITH_SM90
+  m3qkv::DeviceInfo info;
+  if (forced && (m3qkv::current_device_info(&info) != M3QKV_SUCCESS || info.cc_major != 9))
+    return state.SkipWithError("the SM90 fast kernel needs a CC 9.0 device");
+#else
+  if (forced) return state.SkipWithError("built without the SM90 backend");
+#endif
+  timed_loop(state, int(args->size()), fused_bytes(h, m, M3QKV_CACHE_FP8), flops(h, m), 0.0, [&](int i) {
+#if M3QKV_WITH_SM90
+    if (forced) return m3err(m3qkv::sm90_fused_fast((*args)[size_t(i)], info, nullptr, dev().stream, cluster));
+#endif
+    return m3err(m3qkv_testing_fused_qkv(&(*args)[size_t(i)], nullptr, backend, dev().stream));
+  });
+}
+
 // Device-to-device copy bandwidth of this run (bytes read + written per second);
 // 0 until copy_d2d ran.
 double g_copy_bw = 0.0;
@@ -1339,6 +1396,9 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
           [autok](benchmark::State& st) { bench_fused_xbf16(st, autok); });
       add(std::string("fused_") + backend_tag(autok) + "_invariant_fp8", h, m,
           [autok](benchmark::State& st) { bench_fused_invariant(st, autok); });
+      if (autok == M3QKV_BACKEND_SM90)
+        add(std::string("fused_") + backend_tag(autok) + "_fast_fp8", h, m,
+            [autok](benchmark::State& st) { bench_fused_fast(st, autok, false); });
       for (int f = 0; f < kFormats; ++f) {
         add(std::string("insert_") + kFormatNames[f], h, m, [f](benchmark::State& st) { bench_insert(st, f); });
         if (m > 4096) continue;  // the forced layouts where the plan's choice is read off
@@ -1357,6 +1417,10 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
       // Prefill step 1 (issue 11): variant A with and without the activations
       // pre-converted, on the same plan (128-row tiles forced), every TP, M >= 512
       // (below the automatic plan's 128-row threshold too: the routing rule is read off these).
+      if (sm90_variants && m >= 64)
+        for (int c : {0, 1, 4})
+          add(c == 0 ? std::string("sm90_fast") : "sm90_fast_c" + std::to_string(c), h, m,
+              [c](benchmark::State& st) { bench_fused_fast(st, M3QKV_BACKEND_SM90, true, c); });
       if (sm90_variants && m >= 512) {
         add("sm90_A_regs", h, m, [](benchmark::State& st) {
           bench_sm90_variant(st, m3qkv::kSm90Bf16Dequant, 128);

@@ -42,6 +42,15 @@ __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
 }
 
+// mbarrier.arrive.shared::cluster.b64 _, [raddr];  the same arrival with the
+// default CTA-scope release: orders this thread's earlier accesses without the
+// GPU-scope fence (MEMBAR.ALL.GPU in SASS) that .release.cluster costs; for a
+// consumer releasing a stage a peer's TMA multicast overwrites (its reads are
+// complete once the wgmma wait returned and its loads have their values).
+__device__ __forceinline__ void mbarrier_arrive_remote_cta(uint32_t cluster_bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
+}
+
 // mbarrier.try_wait.parity.shared::cta.b64 p, [addr], parity;  (acquire, CTA scope)
 // true once the phase with the given parity has completed.
 __device__ __forceinline__ bool mbarrier_try_wait_parity(uint32_t bar, uint32_t parity) {

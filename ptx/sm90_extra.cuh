@@ -25,6 +25,13 @@ __device__ __forceinline__ void bar_sync(uint32_t id, uint32_t nthreads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
 }
 
+// bar.arrive id, nthreads;  PTX ISA "barrier{.cta}": counts this warp's
+// threads towards the barrier without waiting (the producer side of an
+// ordering handshake whose consumer side is bar.sync on the same id).
+__device__ __forceinline__ void bar_arrive(uint32_t id, uint32_t nthreads) {
+  asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+}
+
 // mul.rn.bf16x2 d, a, b;  PTX ISA 7.8+, sm_90 ("Half Precision Floating-Point
 // Instructions: mul"). No .ftz form exists for bf16: subnormal inputs and
 // results are kept (the SM90 dequantizer relies on it; the GPU test

@@ -63,6 +63,9 @@ struct KernelParams {
   int32_t k_stages;    // K / 128
   int32_t num_tiles;   // m_blocks · heads
   int32_t split;       // CTAs per tile = cluster size (split-K, kSplit kernels); 1 otherwise
+  // The fp8 fast kernel's cluster (fast_sm90.cu): clu_m row blocks x clu_h
+  // heads of adjacent tiles, 1 or 2 each; 1 x 1 elsewhere.
+  int32_t clu_m = 1, clu_h = 1;
   const uint8_t* xsf;  // F8_128x4 [ceil(M/128)·128, K/32]
   const uint8_t* wsf;  // F8_128x4 [N, K/32]
   float* acc_tap;      // test only: f32 accumulator [M, N], or null
@@ -363,6 +366,29 @@ m3qkv_status launch_prefill(const CUtensorMap& tmap_xbf, const CUtensorMap& tmap
                             bool pdl, unsigned max_ctas, cudaStream_t stream);
 m3qkv_status co_resident_prefill(const DeviceInfo& dev, unsigned* ctas);
 cudaError_t prepare_prefill();
+// The fp8 fast mode (fast_sm90.cu), two launches: fold_x folds f.xq / f.xsf
+// into f.xq_out (x' [M][K]) and writes the group scales of x' and of the
+// prepared weights (f.wsf) as f32 into f.sx / f.sw (fast_config.h layouts;
+// all three in the stream workspace, sizes fast_workspace_bytes), then the
+// GEMM (PDL on it) reads x' through `tmap_x` and the prepared weights through
+// `tmap_w` (boxes 128 B x 128 rows, 128-B swizzle), with p.xsf = f.sx and
+// p.wsf = f.sw as bytes. `pdl`: the call's use_pdl, for fold_x.
+struct FastLaunch {
+  const uint8_t* xq;
+  const uint8_t* xsf;
+  const uint8_t* wsf;
+  uint8_t* xq_out;
+  float* sx;
+  float* sw;
+};
+// p.clu_m x p.clu_h CTAs per cluster (grid a multiple of that): tmap_x's box
+// is 128 / clu_h rows, tmap_w's 128 / clu_m (each CTA loads its share of a
+// tile shared by the cluster and multicasts it).
+m3qkv_status launch_fast(const FastLaunch& f, const CUtensorMap& tmap_x, const CUtensorMap& tmap_w,
+                         const KernelParams& p, int grid, bool pdl, int num_sms, cudaStream_t stream);
+cudaError_t prepare_fast();
+// cudaOccupancyMaxActiveClusters of the fast kernel with clusters of `ctas` CTAs (-1 on error).
+int max_clusters_fast(int ctas);
 // cudaOccupancyMaxActiveClusters of variant A's split-K instance with clusters of `split` CTAs (-1 on error).
 int max_clusters_bf16dq(int split);
 

@@ -3,6 +3,7 @@
 // The kernels are in fused_bf16dq_sm90.cu (variant A and its pre-converted-
 // activations instance), prefill_sm90.cu (the prefill kernel) and decode_sm90.cu;
 // docs/sm90.md has the design.
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "host/timing.h"
 #include "host/workspace.h"
 #include "sm90/decode_config.h"
+#include "sm90/fast_config.h"
 #include "sm90/kernel_sm90.cuh"
 #include "sm90/plan_sm90.h"
 #include "sm90/sm90.h"
@@ -46,6 +48,8 @@ struct Sm90Setup {
   mutable std::atomic<int> max_clusters[kSm90MaxSplit + 1];
   // Co-resident CTAs of the cooperative pre-A and prefill instances: their grid's cap.
   unsigned coop_pre_a = 0, coop_prefill = 0;
+  // Resident clusters of the fast kernel with 1, 2 and 4 CTAs (index log2; 0: not schedulable or unknown).
+  int fast_clusters[3] = {};
 };
 
 int query_max_clusters(int split) {
@@ -58,10 +62,12 @@ m3qkv_status prepare_device(const DeviceInfo& dev, const Sm90Setup** out) {
     cudaError_t e = sm90::prepare_bf16dq();
     if (e == cudaSuccess) e = sm90::prepare_prefill();
     if (e == cudaSuccess) e = sm90::decode::prepare_decode();
+    if (e == cudaSuccess) e = sm90::prepare_fast();
     if (e != cudaSuccess) return cuda_fail(kFn, "cudaFuncSetAttribute(MaxDynamicSharedMemorySize) of the SM90 kernels", e);
     // A failed query leaves 0 (no cap: the launch itself then says whether the grid fits).
     if (sm90::co_resident_pre_a(dev, &s->coop_pre_a) != M3QKV_SUCCESS) s->coop_pre_a = 0;
     if (sm90::co_resident_prefill(dev, &s->coop_prefill) != M3QKV_SUCCESS) s->coop_prefill = 0;
+    for (int i = 0; i < 3; ++i) s->fast_clusters[i] = std::max(0, sm90::max_clusters_fast(1 << i));
     for (int sp = 0; sp <= kSm90MaxSplit; ++sp)
       s->max_clusters[sp].store(sp >= 2 ? query_max_clusters(sp) : 0, std::memory_order_relaxed);
     return M3QKV_SUCCESS;
@@ -247,7 +253,88 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   return st;
 }
 
+m3qkv_status sm90_fused_fast(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
+                             int cluster) {
+  if (cluster != 0 && cluster != 1 && cluster != 2 && cluster != 4)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_fast: cluster = %d is not 0 (automatic), 1, 2 or 4", cluster);
+  if (activations_bf16(a) != nullptr)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_fast: the fp8 fast mode reads MXFP8 activations (xq, xsf)");
+  const Sm90Setup* setup = nullptr;
+  M3QKV_TRY(prepare_device(dev, &setup));
+  host::timing_mark(host::Phase::kSetup);
+  const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
+  const int64_t n = static_cast<int64_t>(heads) * kHeadDim;
+  const int64_t m_blocks = (a.m + sm90::fast::kBM - 1) / sm90::fast::kBM;
+  const int64_t tiles = m_blocks * heads;
+  if (tiles > INT32_MAX)
+    return fail(M3QKV_ERROR_TOO_LARGE, "sm90_fused_fast: %lld tiles exceed the kernel's int32 tile index",
+                static_cast<long long>(tiles));
+  // The cluster: 2 row blocks sharing each weight tile where they exist and
+  // such clusters fit (automatic: measured fastest, 2-4 % ahead of none, and
+  // ahead of 2 x 2, whose four CTAs wait on each other's stages), else the 2
+  // heads of a lone row block, else one CTA; 4 = 2 x 2 only when asked.
+  int cm = m_blocks >= 2 ? 2 : 1, ch = heads >= 2 ? 2 : 1;
+  if (cluster == 1) cm = ch = 1;
+  if (cluster != 4 && cm * ch == 4) ch = 1;
+  if (cm * ch == 4 && setup->fast_clusters[2] == 0) ch = 1;
+  if (cm * ch == 2 && setup->fast_clusters[1] == 0) cm = ch = 1;
+  const int csize = cm * ch;
+  const int64_t ctiles = ((m_blocks + cm - 1) / cm) * ((heads + ch - 1) / ch);
+  int64_t clusters = std::min<int64_t>(ctiles, setup->fast_clusters[csize / 2] > 0 ? setup->fast_clusters[csize / 2]
+                                                                                  : dev.num_sms / csize);
+  if (a.grid > 0) clusters = std::min<int64_t>(clusters, std::max(1, a.grid / csize));
+  const int grid = static_cast<int>(std::max<int64_t>(1, clusters)) * csize;
+  host::timing_mark(host::Phase::kPlan);
+
+  // x' and the scales: the launch's body of the stream workspace.
+  const sm90::fast::Workspace wl = sm90::fast::workspace(a.m, heads, a.k);
+  host::WorkspaceLease lease;  // through the launch
+  void* ws = nullptr;
+  void* body = nullptr;
+  M3QKV_TRY(host::launch_workspace(dev, s, wl.bytes, &ws, &body, &lease));
+  sm90::FastLaunch f;
+  f.xq = static_cast<const uint8_t*>(a.xq);
+  f.xsf = static_cast<const uint8_t*>(a.xsf);
+  f.wsf = static_cast<const uint8_t*>(a.wsf);
+  f.xq_out = static_cast<uint8_t*>(body);
+  f.sx = reinterpret_cast<float*>(f.xq_out + wl.sx_off);
+  f.sw = reinterpret_cast<float*>(f.xq_out + wl.sw_off);
+  CUtensorMap tmap_x, tmap_w;
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "x' (workspace)", f.xq_out, static_cast<uint64_t>(a.k),
+                                        static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k), sm90::kBK,
+                                        static_cast<uint32_t>(sm90::fast::kBM / ch), CU_TENSOR_MAP_SWIZZLE_128B));
+  M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k), static_cast<uint64_t>(n),
+                                        static_cast<uint64_t>(a.k), sm90::kBK, static_cast<uint32_t>(sm90::kBN / cm),
+                                        CU_TENSOR_MAP_SWIZZLE_128B));
+  host::timing_mark(host::Phase::kTensorMaps);
+
+  sm90::KernelParams p;
+  p.m = static_cast<int32_t>(a.m);
+  p.heads = heads;
+  p.m_blocks = static_cast<int32_t>(m_blocks);
+  p.band_heads = kBandHeads;
+  p.k_stages = static_cast<int32_t>(a.k / sm90::kBK);
+  p.num_tiles = static_cast<int32_t>(tiles);
+  p.split = 1;
+  p.clu_m = cm;
+  p.clu_h = ch;
+  p.xsf = reinterpret_cast<const uint8_t*>(f.sx);
+  p.wsf = reinterpret_cast<const uint8_t*>(f.sw);
+  p.acc_tap = acc_tap;
+  p.n = n;
+  p.epi = epi::make_epilogue_params(a);
+  p.trace = g_trace;
+  p.trace_ctas = g_trace_ctas;
+  const m3qkv_status st = sm90::launch_fast(f, tmap_x, tmap_w, p, grid, a.use_pdl != 0, dev.num_sms, s);
+  host::timing_mark(host::Phase::kLaunch);
+  return st;
+}
+
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s) {
+  // The fp8 fast mode where it beats exact mode on the same (prepared)
+  // weights (sm90::fast_preferred, measured); elsewhere exact mode reads them as MXFP8.
+  if (a.precision == 1 && sm90::fast_preferred(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik)))
+    return sm90_fused_fast(a, dev, acc_tap, s);
   // Batch invariance: one kernel and one K order at every M (split 1: the
   // unit of a (head, token block) walks all of K in stage order).
   if (a.batch_invariant != 0) return sm90_fused_decode(a, dev, acc_tap, s, 1);

@@ -13,6 +13,15 @@ namespace m3qkv::sm90 {
 constexpr int kPlanBK = 128;      // K per stage (static_assert'ed against kernel_sm90.cuh kBK)
 constexpr int kPlanMaxSplit = 8;  // portable cluster size limit (= kSm90MaxSplit)
 
+// precision 1 (the fp8 fast mode) runs its kernel from kFastMinM tokens on
+// at least kFastMinHeads heads; elsewhere the exact kernels on the prepared
+// weights, which are as fast or faster there. Measured on the H200 (bench
+// sm90_fast against fused_sm90_fp8, M 1024-16384): 0.82-0.94x the exact
+// time at TP1 / TP2 (77 / 39 heads), 0.97-1.14x at TP4 / TP8 (20 / 11).
+constexpr int64_t kFastMinM = 1024;
+constexpr int64_t kFastMinHeads = 32;
+inline bool fast_preferred(int64_t m, int64_t heads) { return m >= kFastMinM && heads >= kFastMinHeads; }
+
 struct PlanInput {
   int64_t m = 0;
   int64_t heads = 0;  // nq + 2 nkv + niq + nik

@@ -56,6 +56,15 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
 // workspace. args.grid > 0 caps the grid. Arguments validated, m > 0.
 m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                int split = 0);
+// The fp8 fast mode's kernel (fast_sm90.cu) at any M (bench and tests;
+// sm90_fused takes it for precision 1 where sm90::fast_preferred). Weights prepared
+// (m3qkv_prepare_weights_fp8), MXFP8 activations. Arguments validated, m > 0.
+// cluster: 0 = automatic (= 2), 1 = none, 2 = 2 row blocks (or the 2 heads
+// of a lone row block), 4 = 2 x 2; reduced where the shape or the occupancy
+// does not allow it.
+m3qkv_status sm90_fused_fast(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
+                             int cluster = 0);
+
 // Whether sm90_fused routes M tokens over `heads` heads (bf16 activations or
 // MXFP8) to the swap-AB kernel (sm90::decode_preferred: the measured crossover).
 bool sm90_uses_decode(int64_t m, int heads, bool x_bf16);

@@ -287,6 +287,19 @@ TEST(Sm90Plan, PrefillKernelFromM1024WhereItsCopiesFit) {
 // The one-launch prefill kernels take every SM for their conversion unless
 // the caller set the grid: 96 tiles on 132 SMs -> 132; 200 tiles -> the
 // plan's 132; an override of 7 -> 7.
+// precision = 1: the fast kernel at TP1 (77 heads) and TP2 (39) from M = 1024,
+// exact mode at TP4 (20) and TP8 (11) at every M and below M = 1024 anywhere.
+TEST(Sm90Plan, FastKernelWhereItBeatsExactMode) {
+  using m3qkv::sm90::fast_preferred;
+  for (int64_t m : {1024, 2048, 4096, 16384}) {
+    EXPECT_TRUE(fast_preferred(m, 77)) << m;
+    EXPECT_TRUE(fast_preferred(m, 39)) << m;
+    EXPECT_FALSE(fast_preferred(m, 20)) << m;
+    EXPECT_FALSE(fast_preferred(m, 11)) << m;
+  }
+  for (int64_t m : {1, 64, 512, 1023}) EXPECT_FALSE(fast_preferred(m, 77)) << m;
+}
+
 TEST(Sm90Plan, OneLaunchGridTakesEverySmUnlessOverridden) {
   m3qkv::sm90::Plan p;
   p.tiles = 96;

@@ -43,6 +43,15 @@ m3qkv_status sm90_decode_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo
     return M3QKV_ERROR_UNSUPPORTED_DEVICE;
 }
 
+template <bool kHave = kBuiltSm90>
+m3qkv_status sm90_fast_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s,
+                            int cluster = 0) {
+  if constexpr (kHave)
+    return m3qkv::sm90_fused_fast(a, dev, tap, s, cluster);
+  else
+    return M3QKV_ERROR_UNSUPPORTED_DEVICE;
+}
+
 // Cache format codes of the problem configs (0 NVFP4, 1 FP8, 2 BF16) in case names.
 inline const char* fmt_name(int d) { return d == 0 ? "nvfp4" : (d == 1 ? "fp8" : "bf16"); }
 
