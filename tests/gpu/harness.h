@@ -53,6 +53,21 @@ constexpr Heads kTP4{"TP4", 16, 1, 1, 1};
 constexpr Heads kTP8{"TP8", 8, 1, 1, 1};
 constexpr Heads kDense{"Dense", 16, 2, 0, 0};
 
+// A problem's shape and data kind for one head layout (the other fields at
+// their ProblemConfig defaults: NVFP4 caches, seed from the test seed).
+inline ProblemConfig heads_config(const Heads& h, int64_t m, int64_t k, bool exact, int block_size) {
+  ProblemConfig cfg;
+  cfg.m = m;
+  cfg.k = k;
+  cfg.nq = h.nq;
+  cfg.nkv = h.nkv;
+  cfg.niq = h.niq;
+  cfg.nik = h.nik;
+  cfg.block_size = block_size;
+  cfg.exact_data = exact;
+  return cfg;
+}
+
 constexpr size_t kGuard = 4096;  // keeps the payload 16-B (and 4 KiB) aligned
 
 inline uint8_t salted_poison(size_t i, int salt) { return static_cast<uint8_t>(poison_byte(i) ^ (salt ? 0xFFu : 0u)); }

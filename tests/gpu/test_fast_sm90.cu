@@ -206,14 +206,7 @@ Problem prepared_problem(const ProblemConfig& cfg) {
 }
 
 ProblemConfig fast_config(const Heads& h, int64_t m, int64_t k, int kv_dtype) {
-  ProblemConfig cfg;
-  cfg.m = m;
-  cfg.k = k;
-  cfg.nq = h.nq;
-  cfg.nkv = h.nkv;
-  cfg.niq = h.niq;
-  cfg.nik = h.nik;
-  cfg.block_size = 128;
+  ProblemConfig cfg = heads_config(h, m, k, /*exact=*/false, 128);
   cfg.kv_dtype = cfg.index_dtype = kv_dtype;
   return cfg;
 }

@@ -112,15 +112,7 @@ const Driver& drv() {
 // ------------------------------------------------------------- problems
 // Exact data, fresh per process seed and tag.
 Problem exact_problem(const Heads& h, int64_t m, uint64_t tag, int64_t k = 512) {
-  ProblemConfig cfg;
-  cfg.m = m;
-  cfg.k = k;
-  cfg.nq = h.nq;
-  cfg.nkv = h.nkv;
-  cfg.niq = h.niq;
-  cfg.nik = h.nik;
-  cfg.block_size = 16;
-  cfg.exact_data = true;
+  ProblemConfig cfg = heads_config(h, m, k, /*exact=*/true, 16);
   cfg.slot_skip_fraction = 0.125;
   cfg.seed = m3qkv_test::test_seed() ^ (tag * 0x9E3779B97F4A7C15ULL);
   return make_problem(cfg);

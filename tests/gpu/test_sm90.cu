@@ -61,16 +61,7 @@ const char* variant_name(int v) {
 }
 
 ProblemConfig config(const Heads& h, int64_t m, int64_t k, bool exact, int block_size = 16) {
-  ProblemConfig cfg;
-  cfg.m = m;
-  cfg.k = k;
-  cfg.nq = h.nq;
-  cfg.nkv = h.nkv;
-  cfg.niq = h.niq;
-  cfg.nik = h.nik;
-  cfg.block_size = block_size;
-  cfg.exact_data = exact;
-  return cfg;
+  return heads_config(h, m, k, exact, block_size);
 }
 
 // One launch options set of the SM90 entry.

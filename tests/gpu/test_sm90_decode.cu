@@ -44,16 +44,7 @@ void decode_trace(uint64_t* buf, int ctas) {
 }
 
 ProblemConfig config(const Heads& h, int64_t m, int64_t k, bool exact, int block_size) {
-  ProblemConfig cfg;
-  cfg.m = m;
-  cfg.k = k;
-  cfg.nq = h.nq;
-  cfg.nkv = h.nkv;
-  cfg.niq = h.niq;
-  cfg.nik = h.nik;
-  cfg.block_size = block_size;
-  cfg.exact_data = exact;
-  return cfg;
+  return heads_config(h, m, k, exact, block_size);
 }
 
 struct DecodeRun {
