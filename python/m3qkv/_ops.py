@@ -498,7 +498,7 @@ _FAST_ORDER = ["struct_size", "m", "k", "nq", "nkv", "niq", "nik", "xq", "xsf", 
                "q_fp8_out", "index_q_out", "q_fp8_scale", "k_scale", "v_scale", "cta_group", "use_pdl", "grid",
                "error_flags"]
 _FAST_EXT = ["kv_cache_dtype", "index_cache_dtype", "v_cache", "kv_token_stride", "kv_head_stride"]
-_FAST_X_BF16 = ["x_bf16", "batch_invariant"]  # the 0.3 fields
+_FAST_X_BF16 = ["x_bf16", "batch_invariant", "precision"]  # the 0.3 fields
 _U8, _I64, _I32, _BF16 = torch.uint8, torch.int64, torch.int32, torch.bfloat16
 _fast_packer = None
 
@@ -605,7 +605,7 @@ def fused_fast_args(xq, xsf, wq, wsf, positions, cos_sin_cache, q_norm_weight, k
     if ext:
         vals += (_capi.CACHE_NVFP4, _capi.CACHE_NVFP4, 0, 0, 0)
     if xb:
-        vals += (0, 0)  # x_bf16 = NULL (the MXFP8 activations above), batch_invariant = 0
+        vals += (0, 0, 0)  # x_bf16 = NULL (the MXFP8 activations above), batch_invariant = 0, precision = 0 (exact)
     return dev, vals
 
 

@@ -232,6 +232,9 @@ m3qkv_status stress_portable_insert(const m3qkv_insert_args&, const DeviceInfo& 
 m3qkv_status stress_portable_quantize(const m3qkv_quantize_args&, const DeviceInfo& d, cudaStream_t s) {
   return on_launch("portable_quantize", d, s);
 }
+m3qkv_status stress_portable_prepare(const m3qkv_prepare_args&, const DeviceInfo& d, cudaStream_t s) {
+  return on_launch("portable_prepare", d, s);
+}
 m3qkv_status stress_sm90_fused(const m3qkv_fused_args&, const DeviceInfo& d, float*, cudaStream_t s) {
   return on_launch("sm90_fused", d, s);
 }
@@ -256,6 +259,7 @@ m3qkv_status stress_warmup(const DeviceInfo&) {
 #define portable_gemm stress_portable_gemm
 #define portable_insert stress_portable_insert
 #define portable_quantize stress_portable_quantize
+#define portable_prepare stress_portable_prepare
 #define sm90_fused stress_sm90_fused
 #define sm90_fused_variant stress_sm90_fused_variant
 #define sm90_fused_decode stress_sm90_fused_decode
@@ -268,6 +272,8 @@ m3qkv_status stress_warmup(const DeviceInfo&) {
 #define m3qkv_qknorm_rope_kv_insert stress_qknorm_rope_kv_insert
 #define m3qkv_mxfp8_gemm stress_mxfp8_gemm
 #define m3qkv_mxfp8_quantize stress_mxfp8_quantize
+#define m3qkv_prepare_weights_fp8 stress_prepare_weights_fp8
+#define m3qkv_prepare_weights_fp8_sizes stress_prepare_weights_fp8_sizes
 #define m3qkv_backend stress_backend
 #define m3qkv_warmup stress_warmup_api
 #define m3qkv_selftest stress_selftest
@@ -277,6 +283,7 @@ m3qkv_status stress_warmup(const DeviceInfo&) {
 #undef portable_gemm
 #undef portable_insert
 #undef portable_quantize
+#undef portable_prepare
 #undef sm90_fused
 #undef sm90_fused_variant
 #undef sm90_fused_decode
@@ -289,6 +296,8 @@ m3qkv_status stress_warmup(const DeviceInfo&) {
 #undef m3qkv_qknorm_rope_kv_insert
 #undef m3qkv_mxfp8_gemm
 #undef m3qkv_mxfp8_quantize
+#undef m3qkv_prepare_weights_fp8
+#undef m3qkv_prepare_weights_fp8_sizes
 #undef m3qkv_backend
 #undef m3qkv_warmup
 #undef m3qkv_selftest
