@@ -278,6 +278,26 @@ def mxfp8_decode(q: torch.Tensor, sf_buf: torch.Tensor, rows: int, k: int) -> to
     return (v * sc.unsqueeze(-1)).view(rows, k)
 
 
+def fold_fp8(q: torch.Tensor, sf_buf: torch.Tensor, rows: int, k: int):
+    """m3qkv_prepare_weights_fp8 (docs/contract.md §3.9) -> (q' uint8 [rows, k], the
+    F8_128x4 buffer with each 128-K group's largest block byte in its four blocks):
+    each block's values times 2^(e - E), rounded to e4m3 (RN-even, satfinite); NaN
+    codes kept; a group with a 0xFF byte left as it is."""
+    s = unswizzle_scales(sf_buf, rows, k // 32).to(torch.int64).view(rows, k // 128, 4)
+    big = s.amax(dim=-1, keepdim=True)
+    nan_group = (s == 255).any(dim=-1, keepdim=True)
+    big = torch.where(nan_group, torch.full_like(big, 255), big)
+    shift = (big - s).clamp(max=32).view(rows, k // 32, 1)
+    qb = q.reshape(rows, k).view(torch.uint8)
+    v = e4m3_to_f32(qb).view(rows, k // 32, 32) * torch.exp2(-shift.to(torch.float32))
+    out = f32_to_e4m3(v).view(rows, k)
+    keep = ((qb & 0x7F) == 0x7F) | nan_group.expand(rows, k // 128, 4).reshape(rows, k // 32, 1).expand(
+        rows, k // 32, 32).reshape(rows, k)
+    out = torch.where(keep, qb, out)
+    sf = big.expand(rows, k // 128, 4).reshape(rows, k // 32).to(torch.uint8)
+    return out, swizzle_scales(sf)
+
+
 def mxfp8_acc(xq, xsf, wq, wsf) -> torch.Tensor:
     """The f32 accumulator [M, N]: f64 matmul of the decoded operands, rounded
     once. Exact (order-independent) on the exact-data construction."""
