@@ -117,7 +117,7 @@ def test_offsets_and_sizes_match_c(header_text, repo_root, tmp_path):
                      (_capi.GemmArgsV0, _capi.GemmArgs)]:
         assert full._fields_[:len(v0._fields_)] == v0._fields_
         assert getattr(full, full._fields_[len(v0._fields_)][0]).offset == ctypes.sizeof(v0)
-    # The sizes the library pins for each release (src/host/validate.cpp).
+    # The sizes the library pins for each release (src/api/validate.cpp).
     assert [ctypes.sizeof(c) for c in _capi.STRUCTS["fused"][1]] == [312, 296, 264]
     assert [ctypes.sizeof(c) for c in _capi.STRUCTS["gemm"][1]] == [88, 80]
     assert [ctypes.sizeof(c) for c in _capi.STRUCTS["insert"][1]] == [264, 232]

@@ -4,7 +4,7 @@
 // Every entry point follows the same sequence:
 //   clear_error -> validate_* (launches nothing) -> m == 0: SUCCESS ->
 //   the stream's context and its device facts (host/context.h; cached per
-//   context) -> checked mode's pointer checks when on (host/checked.h) ->
+//   context) -> checked mode's pointer checks when on (api/checked.h) ->
 //   backend choice -> launcher, with the stream's context current. Test-only
 //   phase marks (host/timing.h) time each step.
 // No exception crosses the C boundary: each body runs inside guarded().
@@ -23,16 +23,16 @@
 
 #include "api/internal.h"
 #include "api/selftest.h"
-#include "host/backend_choice.h"
+#include "api/backend_choice.h"
 #include "host/cuda.h"
-#include "host/checked.h"
+#include "api/checked.h"
 #include "host/context.h"
 #include "host/device.h"
-#include "host/extents.h"
-#include "host/fault.h"
+#include "api/extents.h"
+#include "api/fault.h"
 #include "host/status.h"
 #include "host/timing.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "host/workspace.h"
 #include "portable/portable.h"
 #include "sm100/sm100.h"
@@ -152,17 +152,17 @@ m3qkv_status check_can_run(const char* fn, const char* what, m3qkv_backend_kind 
 // no backend; an explicit choice that cannot run is an error, never replaced.
 m3qkv_status fused_choice(const char* fn, const DeviceInfo& d, m3qkv_backend_kind* out) {
   *out = M3QKV_BACKEND_NONE;
-  const host::BackendEnv& env = host::backend_env();
+  const api::BackendEnv& env = api::backend_env();
   if (!env.valid) {
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
                 "%s: M3QKV_BACKEND = \"%s\" is not one of auto, portable, sm90, sm100 (the environment variable is "
                 "read once, at the first call)",
                 fn, env.text);
   }
-  const host::DeviceChoice c = host::device_choice(d.device);
-  if (c.origin != host::ChoiceOrigin::kNone) {
+  const api::DeviceChoice c = api::device_choice(d.device);
+  if (c.origin != api::ChoiceOrigin::kNone) {
     M3QKV_TRY(check_can_run(
-        fn, c.origin == host::ChoiceOrigin::kApi ? "m3qkv_set_backend" : "the self-test fallback of m3qkv_warmup",
+        fn, c.origin == api::ChoiceOrigin::kApi ? "m3qkv_set_backend" : "the self-test fallback of m3qkv_warmup",
         c.kind, d));
     *out = c.kind;
     return M3QKV_SUCCESS;
@@ -242,7 +242,7 @@ m3qkv_status launch_fused(m3qkv_backend_kind b, const m3qkv_fused_args& a, const
       break;
   }
   if (!compiled) return fail(M3QKV_ERROR_INTERNAL, "m3qkv_fused_qkv: backend %s is not compiled in", m3qkv_backend_name(b));
-  if (st == M3QKV_SUCCESS) st = host::apply_fault("m3qkv_fused_qkv", b, a, s);  // test-only; one load when off
+  if (st == M3QKV_SUCCESS) st = api::apply_fault("m3qkv_fused_qkv", b, a, s);  // test-only; one load when off
   return st;
 }
 
@@ -282,7 +282,7 @@ m3qkv_status selftest_launch(int path, const m3qkv_fused_args& a, const DeviceIn
       break;
   }
   if (!compiled) return fail(M3QKV_ERROR_INTERNAL, "m3qkv_selftest: kernel %d is not compiled in", path);
-  if (st == M3QKV_SUCCESS) st = host::apply_fault("m3qkv_selftest", selftest::path_info(path).backend, x, s);
+  if (st == M3QKV_SUCCESS) st = api::apply_fault("m3qkv_selftest", selftest::path_info(path).backend, x, s);
   return st;
 }
 
@@ -348,10 +348,10 @@ int automatic_order(const DeviceInfo& d, m3qkv_backend_kind out[3]) {
 
 // m3qkv_warmup's self-test mode (m3qkv.h), with d's context current.
 m3qkv_status warmup_selftest(const char* fn, const DeviceInfo& d, m3qkv_backend_kind chosen) {
-  const host::DeviceChoice c = host::device_choice(d.device);
+  const api::DeviceChoice c = api::device_choice(d.device);
   const bool explicit_choice =
-      c.origin == host::ChoiceOrigin::kApi ||
-      (c.origin == host::ChoiceOrigin::kNone && host::backend_env().kind != M3QKV_BACKEND_NONE);
+      c.origin == api::ChoiceOrigin::kApi ||
+      (c.origin == api::ChoiceOrigin::kNone && api::backend_env().kind != M3QKV_BACKEND_NONE);
   m3qkv_selftest_report r;
   if (explicit_choice) {
     const m3qkv_status st = selftest::run(fn, d, selftest_request(d, chosen), &selftest_launch, &r);
@@ -360,7 +360,7 @@ m3qkv_status warmup_selftest(const char* fn, const DeviceInfo& d, m3qkv_backend_
                 "%s: device %d (CC %d.%d): the self-test of %s (chosen by %s) FAILED: %s. It stays chosen: m3qkv never "
                 "replaces an explicit choice (choose another, or the automatic one, to fall back)",
                 fn, d.device, d.cc_major, d.cc_minor, m3qkv_backend_name(chosen),
-                c.origin == host::ChoiceOrigin::kApi ? "m3qkv_set_backend" : "M3QKV_BACKEND", first_failure(r).c_str());
+                c.origin == api::ChoiceOrigin::kApi ? "m3qkv_set_backend" : "M3QKV_BACKEND", first_failure(r).c_str());
   }
   m3qkv_backend_kind order[3];
   const int n = automatic_order(d, order);
@@ -368,7 +368,7 @@ m3qkv_status warmup_selftest(const char* fn, const DeviceInfo& d, m3qkv_backend_
   // The automatic backend is tested again after an earlier fallback too.
   m3qkv_status st = selftest::run(fn, d, selftest_request(d, order[0]), &selftest_launch, &r);
   if (st == M3QKV_SUCCESS) {
-    if (c.origin == host::ChoiceOrigin::kFallback) host::set_device_choice(d.device, host::DeviceChoice{});
+    if (c.origin == api::ChoiceOrigin::kFallback) api::set_device_choice(d.device, api::DeviceChoice{});
     return M3QKV_SUCCESS;
   }
   if (st != M3QKV_ERROR_SELFTEST_FAILED) return st;
@@ -377,7 +377,7 @@ m3qkv_status warmup_selftest(const char* fn, const DeviceInfo& d, m3qkv_backend_
     m3qkv_selftest_report r2;
     st = selftest::run(fn, d, selftest_request(d, order[i]), &selftest_launch, &r2);
     if (st == M3QKV_SUCCESS) {
-      host::set_device_choice(d.device, host::DeviceChoice{order[i], host::ChoiceOrigin::kFallback});
+      api::set_device_choice(d.device, api::DeviceChoice{order[i], api::ChoiceOrigin::kFallback});
       return fail(M3QKV_WARNING_BACKEND_FALLBACK,
                   "%s: device %d (CC %d.%d): the self-test of %s, the automatic backend, FAILED (%s); m3qkv_fused_qkv "
                   "on this device now uses %s, which passed (M3QKV_SELFTEST_ON_WARMUP=1)",
@@ -393,14 +393,14 @@ m3qkv_status warmup_selftest(const char* fn, const DeviceInfo& d, m3qkv_backend_
               n > 1 ? "no other backend passed" : "there is no other backend to fall back to");
 }
 
-// Checked mode (host/checked.h): the call's buffers, as it touches them.
+// Checked mode (api/checked.h): the call's buffers, as it touches them.
 template <class A>
 m3qkv_status check_buffers(const char* fn, const A& a, const DeviceInfo& d,
-                           m3qkv_status (*extents)(const char*, const A&, host::Extents*)) {
-  if (host::checked_mode()) {
-    host::Extents x;
+                           m3qkv_status (*extents)(const char*, const A&, api::Extents*)) {
+  if (api::checked_mode()) {
+    api::Extents x;
     M3QKV_TRY(extents(fn, a, &x));
-    M3QKV_TRY(host::check_pointers(fn, d, x));
+    M3QKV_TRY(api::check_pointers(fn, d, x));
   }
   host::timing_mark(host::Phase::kChecked);
   return M3QKV_SUCCESS;
@@ -410,7 +410,7 @@ m3qkv_status check_buffers(const char* fn, const A& a, const DeviceInfo& d,
 template <class A, class Launch>
 m3qkv_status run_portable(const char* fn, const A* args, cudaStream_t stream,
                           m3qkv_status (*validate)(const A*, A*, bool*),
-                          m3qkv_status (*extents)(const char*, const A&, host::Extents*), Launch&& launch) {
+                          m3qkv_status (*extents)(const char*, const A&, api::Extents*), Launch&& launch) {
   return guarded(fn, [&]() -> m3qkv_status {
     host::timing_begin();
     A a;
@@ -461,7 +461,7 @@ m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_ta
     host::timing_mark(host::Phase::kContext);
     m3qkv_backend_kind b = M3QKV_BACKEND_NONE;
     M3QKV_TRY(choose_fused(fn, d, force_backend, &b));
-    M3QKV_TRY(check_buffers(fn, a, d, &host::fused_extents));
+    M3QKV_TRY(check_buffers(fn, a, d, &api::fused_extents));
     return launch_fused(b, a, d, acc_tap, stream);
   });
 }
@@ -471,7 +471,7 @@ m3qkv_status m3qkv_fused_qkv(const m3qkv_fused_args* args, cudaStream_t stream) 
 }
 
 m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args, cudaStream_t stream) {
-  return run_portable("m3qkv_qknorm_rope_kv_insert", args, stream, &validate_insert, &host::insert_extents,
+  return run_portable("m3qkv_qknorm_rope_kv_insert", args, stream, &validate_insert, &api::insert_extents,
                       [](const m3qkv_insert_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
 #if M3QKV_WITH_PORTABLE
                         return portable_insert(a, d, s);
@@ -483,7 +483,7 @@ m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args, cudaStre
 }
 
 m3qkv_status m3qkv_mxfp8_gemm(const m3qkv_gemm_args* args, cudaStream_t stream) {
-  return run_portable("m3qkv_mxfp8_gemm", args, stream, &validate_gemm, &host::gemm_extents,
+  return run_portable("m3qkv_mxfp8_gemm", args, stream, &validate_gemm, &api::gemm_extents,
                       [](const m3qkv_gemm_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
 #if M3QKV_WITH_PORTABLE
                         return portable_gemm(a, d, s);
@@ -495,7 +495,7 @@ m3qkv_status m3qkv_mxfp8_gemm(const m3qkv_gemm_args* args, cudaStream_t stream) 
 }
 
 m3qkv_status m3qkv_mxfp8_quantize(const m3qkv_quantize_args* args, cudaStream_t stream) {
-  return run_portable("m3qkv_mxfp8_quantize", args, stream, &validate_quantize, &host::quantize_extents,
+  return run_portable("m3qkv_mxfp8_quantize", args, stream, &validate_quantize, &api::quantize_extents,
                       [](const m3qkv_quantize_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
 #if M3QKV_WITH_PORTABLE
                         return portable_quantize(a, d, s);
@@ -512,7 +512,7 @@ m3qkv_status m3qkv_prepare_weights_fp8(const m3qkv_prepare_args* args, cudaStrea
     *noop = false;
     return validate_prepare(in, out);
   };
-  return run_portable("m3qkv_prepare_weights_fp8", args, stream, +validate, &host::prepare_extents,
+  return run_portable("m3qkv_prepare_weights_fp8", args, stream, +validate, &api::prepare_extents,
                       [](const m3qkv_prepare_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
 #if M3QKV_WITH_PORTABLE
                         return portable_prepare(a, d, s);
@@ -561,16 +561,16 @@ m3qkv_status m3qkv_set_backend(int device, m3qkv_backend_kind kind) {
     }
     DeviceInfo d;
     M3QKV_TRY(query_device(device, &d, fn));
-    if (device >= host::kChoiceDevices) {
+    if (device >= api::kChoiceDevices) {
       return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: device = %d: m3qkv keeps a backend choice for devices 0 to %d only",
-                  fn, device, host::kChoiceDevices - 1);
+                  fn, device, api::kChoiceDevices - 1);
     }
     if (kind == M3QKV_BACKEND_NONE) {
-      host::set_device_choice(device, host::DeviceChoice{});
+      api::set_device_choice(device, api::DeviceChoice{});
       return M3QKV_SUCCESS;
     }
     M3QKV_TRY(check_can_run(fn, "kind", kind, d));
-    host::set_device_choice(device, host::DeviceChoice{kind, host::ChoiceOrigin::kApi});
+    api::set_device_choice(device, api::DeviceChoice{kind, api::ChoiceOrigin::kApi});
     return M3QKV_SUCCESS;
   });
 }
@@ -596,7 +596,7 @@ m3qkv_status m3qkv_warmup(int device) {
   return guarded(fn, [&]() -> m3qkv_status {
     DeviceInfo facts;
     M3QKV_TRY(query_device(device, &facts, fn));
-    const host::FlagEnv& mode = host::selftest_on_warmup_env();
+    const api::FlagEnv& mode = api::selftest_on_warmup_env();
     if (!mode.valid) {
       return fail(M3QKV_ERROR_INVALID_ARGUMENT,
                   "%s: M3QKV_SELFTEST_ON_WARMUP = \"%s\" is not 0 or 1 (the environment variable is read once, at "

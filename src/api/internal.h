@@ -12,7 +12,7 @@
 extern "C" m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, float* acc_tap,
                                                 m3qkv_backend_kind force_backend, cudaStream_t stream);
 
-// Test-only fault (host/fault.h): after every fused launch of `backend`
+// Test-only fault (api/fault.h): after every fused launch of `backend`
 // (m3qkv_fused_qkv, m3qkv_selftest, m3qkv_warmup's self-test), byte `offset`
 // of `output` ("q_out", "q_fp8_out" or "index_q_out") is XOR-ed with
 // `xor_mask` (1 ... 255) in device memory, on the call's stream (which it
@@ -36,7 +36,7 @@ extern "C" int m3qkv_testing_host_phases(unsigned long long* ns, int capacity);
 extern "C" const char* m3qkv_testing_host_phase_name(int phase);
 
 // Dispatch rule (api.cpp): an explicit choice first (m3qkv_set_backend or the
-// warmup's self-test fallback, then M3QKV_BACKEND: host/backend_choice.h),
+// warmup's self-test fallback, then M3QKV_BACKEND: api/backend_choice.h),
 // checked against the build and the device; else CC 10.x -> sm100_fused when
 // M3QKV_WITH_SM100; CC 9.0 -> sm90_fused when M3QKV_WITH_SM90 &&
 // M3QKV_HAVE_SM90_KERNEL (the Hopper kernel defines that macro in CMake);

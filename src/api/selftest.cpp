@@ -11,7 +11,7 @@
 #include "golden/golden.h"
 #include "host/cuda.h"
 #include "host/status.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "host/workspace.h"
 #include "sm90/decode_plan.h"
 

@@ -2,7 +2,7 @@
 #include <cstring>
 
 #include "api/internal.h"
-#include "host/fault.h"
+#include "api/fault.h"
 #include "host/overrides.h"
 #include "host/status.h"
 #include "host/timing.h"
@@ -39,20 +39,20 @@ m3qkv_status m3qkv_testing_inject_fault(m3qkv_backend_kind backend, const char* 
   if (b < M3QKV_BACKEND_NONE || b > M3QKV_BACKEND_SM100)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: backend = %d is not an m3qkv_backend_kind", fn, b);
   if (backend == M3QKV_BACKEND_NONE) {
-    host::set_fault(M3QKV_BACKEND_NONE, host::FaultOutput::kNone, 0, 0);
+    api::set_fault(M3QKV_BACKEND_NONE, api::FaultOutput::kNone, 0, 0);
     return M3QKV_SUCCESS;
   }
-  host::FaultOutput o = host::FaultOutput::kNone;
-  if (output != nullptr && std::strcmp(output, "q_out") == 0) o = host::FaultOutput::kQOut;
-  else if (output != nullptr && std::strcmp(output, "q_fp8_out") == 0) o = host::FaultOutput::kQFp8Out;
-  else if (output != nullptr && std::strcmp(output, "index_q_out") == 0) o = host::FaultOutput::kIndexQOut;
+  api::FaultOutput o = api::FaultOutput::kNone;
+  if (output != nullptr && std::strcmp(output, "q_out") == 0) o = api::FaultOutput::kQOut;
+  else if (output != nullptr && std::strcmp(output, "q_fp8_out") == 0) o = api::FaultOutput::kQFp8Out;
+  else if (output != nullptr && std::strcmp(output, "index_q_out") == 0) o = api::FaultOutput::kIndexQOut;
   else
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: output = \"%s\" is not q_out, q_fp8_out or index_q_out", fn,
                 output != nullptr ? output : "(null)");
   if (offset < 0) return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: offset = %lld must be >= 0", fn, offset);
   if (xor_mask < 1 || xor_mask > 255)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "%s: xor_mask = %u must be in [1, 255]", fn, xor_mask);
-  host::set_fault(backend, o, offset, static_cast<uint8_t>(xor_mask));
+  api::set_fault(backend, o, offset, static_cast<uint8_t>(xor_mask));
   return M3QKV_SUCCESS;
 }
 

@@ -24,7 +24,7 @@
 //    epi::epilogue_head_row; rows that are not `valid` compute but store
 //    nothing (the shuffles need every lane of the warp).
 //
-// Alignment of the 16-byte chunk stores (kRowStoreAlign; host/validate.cpp
+// Alignment of the 16-byte chunk stores (kRowStoreAlign; api/validate.cpp
 // rejects anything else as M3QKV_ERROR_MISALIGNED / INVALID_SHAPE, and its
 // static asserts tie its constants to kRowStoreAlign). A chunk sits at
 // row start + 16k, so each row start must be 16-B aligned:

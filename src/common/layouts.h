@@ -31,7 +31,7 @@ M3_HD int f8_128x4_chunk_word(int r) { return (r % 32) * 16 + (r / 32) * 4; }
 
 // Alignment of every output and cache row start, which the kernels' 16-byte
 // vector stores of whole rows rely on (epilogue_head_row's uint4 stores, the
-// quad epilogue's transposed stores). host/validate.cpp provides it: base
+// quad epilogue's transposed stores). api/validate.cpp provides it: base
 // pointers 16-B aligned, every stride a multiple of it (static asserts there).
 constexpr int kRowStoreAlign = 16;
 

@@ -26,7 +26,7 @@
 #include "fake_cuda.h"
 #include "host/device.h"
 #include "host/status.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "m3qkv/m3qkv.h"
 #include "portable/portable.h"
 #include "sm100/sm100.h"

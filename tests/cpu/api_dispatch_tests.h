@@ -24,7 +24,7 @@
 #include "api/selftest.h"
 #include "common/layouts.h"
 #include "golden/golden.h"
-#include "host/backend_choice.h"
+#include "api/backend_choice.h"
 
 namespace {
 
@@ -77,8 +77,8 @@ std::string why_none(int d) {
 // Each test starts as a process without M3QKV_BACKEND / M3QKV_SELFTEST_ON_WARMUP,
 // without per-device choices and without a fault, and leaves none behind.
 void reset_backend_settings() {
-  m3qkv::host::testing_set_env(nullptr, nullptr);
-  m3qkv::host::testing_forget_choices();
+  m3qkv::api::testing_set_env(nullptr, nullptr);
+  m3qkv::api::testing_forget_choices();
   m3qkv_testing_inject_fault(M3QKV_BACKEND_NONE, nullptr, 0, 0);
 }
 
@@ -91,7 +91,7 @@ class DISPATCH_SUITE : public testing::Test {
   void TearDown() override {
     launch_log().reset();
     reset_backend_settings();
-    m3qkv::host::testing_use_real_env();
+    m3qkv::api::testing_use_real_env();
   }
   FakeCudaInstall cuda_;
 };
@@ -530,7 +530,7 @@ const m3qkv_backend_kind kKinds[] = {M3QKV_BACKEND_PORTABLE, M3QKV_BACKEND_SM90,
 TEST_F(DISPATCH_SUITE, EnvBackendOverride) {
   const m3qkv_fused_args a = good_fused();
   for (m3qkv_backend_kind b : kKinds) {
-    m3qkv::host::testing_set_env(m3qkv_backend_name(b), nullptr);
+    m3qkv::api::testing_set_env(m3qkv_backend_name(b), nullptr);
     for (int d = 0; d < kNumFake; ++d) {
       SCOPED_TRACE(std::string("M3QKV_BACKEND=") + m3qkv_backend_name(b) + ", device " + std::to_string(d));
       fake_set_current_device(d);
@@ -553,7 +553,7 @@ TEST_F(DISPATCH_SUITE, EnvBackendOverride) {
       }
     }
   }
-  m3qkv::host::testing_set_env("auto", nullptr);
+  m3qkv::api::testing_set_env("auto", nullptr);
   for (int d = 0; d < kNumFake; ++d) {
     m3qkv_backend_kind k = static_cast<m3qkv_backend_kind>(-1);
     EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS) << m3qkv_last_error();
@@ -566,7 +566,7 @@ TEST_F(DISPATCH_SUITE, EnvBackendOverride) {
 TEST_F(DISPATCH_SUITE, EnvBackendUnknownNameIsAnError) {
   for (const char* bad : {"sm9", "SM90", "portable ", "cuda", "none"}) {
     SCOPED_TRACE(std::string("M3QKV_BACKEND=") + bad);
-    m3qkv::host::testing_set_env(bad, nullptr);
+    m3qkv::api::testing_set_env(bad, nullptr);
     const std::string needle = std::string("M3QKV_BACKEND = \"") + bad + "\" is not one of auto, portable, sm90, sm100";
     fake_set_current_device(kCC90);
     launch_log().reset();
@@ -612,11 +612,11 @@ TEST_F(DISPATCH_SUITE, SetBackend) {
       EXPECT_EQ(Under::fused(&a), M3QKV_SUCCESS) << m3qkv_last_error();
       EXPECT_EQ(launch_log().last, fused_launcher(b));
       // It wins over the environment (even an environment that names another one).
-      m3qkv::host::testing_set_env(b == M3QKV_BACKEND_PORTABLE ? "sm100" : "portable", nullptr);
+      m3qkv::api::testing_set_env(b == M3QKV_BACKEND_PORTABLE ? "sm100" : "portable", nullptr);
       EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS) << m3qkv_last_error();
       EXPECT_EQ(k, b);
       // NONE: back to the environment / the automatic choice.
-      m3qkv::host::testing_set_env(nullptr, nullptr);
+      m3qkv::api::testing_set_env(nullptr, nullptr);
       EXPECT_EQ(Under::set_backend(d, M3QKV_BACKEND_NONE), M3QKV_SUCCESS);
       EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS);
       EXPECT_EQ(k, expected_fused(d));
@@ -963,7 +963,7 @@ TEST_F(DISPATCH_SUITE, WarmupSelftestFallsBackFromTheAutomaticBackend) {
     reset_fake_cuda();
     launch_log().reset();
     launch_log().emulate = &golden_kernel;
-    m3qkv::host::testing_set_env(nullptr, "1");
+    m3qkv::api::testing_set_env(nullptr, "1");
     ASSERT_EQ(Under::warmup(d), M3QKV_SUCCESS) << m3qkv_last_error();
     EXPECT_STREQ(m3qkv_last_error(), "");
     // Only the automatic backend's kernels ran (besides the warmups).
@@ -1013,7 +1013,7 @@ TEST_F(DISPATCH_SUITE, WarmupSelftestFallsBackFromTheAutomaticBackend) {
 TEST_F(DISPATCH_SUITE, WarmupSelftestWithNoPassingBackendAndBadFlag) {
   const int d = kCC90;
   ASSERT_NE(expected_fused(d), M3QKV_BACKEND_NONE);
-  m3qkv::host::testing_set_env(nullptr, "1");
+  m3qkv::api::testing_set_env(nullptr, "1");
   // Kernels that write nothing: every backend fails.
   EXPECT_EQ(Under::warmup(d), M3QKV_ERROR_SELFTEST_FAILED);
   const bool several = automatic_has_fallback(d);
@@ -1022,10 +1022,10 @@ TEST_F(DISPATCH_SUITE, WarmupSelftestWithNoPassingBackendAndBadFlag) {
   m3qkv_backend_kind k = M3QKV_BACKEND_NONE;
   EXPECT_EQ(Under::backend(d, &k), M3QKV_SUCCESS);
   EXPECT_EQ(k, expected_fused(d)) << "a failed self-test with nothing better must not change the backend";
-  m3qkv::host::testing_set_env(nullptr, "yes");
+  m3qkv::api::testing_set_env(nullptr, "yes");
   EXPECT_EQ(Under::warmup(d), M3QKV_ERROR_INVALID_ARGUMENT);
   EXPECT_TRUE(contains(m3qkv_last_error(), "M3QKV_SELFTEST_ON_WARMUP = \"yes\" is not 0 or 1")) << m3qkv_last_error();
-  m3qkv::host::testing_set_env(nullptr, "0");
+  m3qkv::api::testing_set_env(nullptr, "0");
   launch_log().reset();
   EXPECT_EQ(Under::warmup(d), M3QKV_SUCCESS) << m3qkv_last_error();
   for (const std::string& l : launch_log().all) EXPECT_TRUE(l.find("warmup") != std::string::npos) << l;

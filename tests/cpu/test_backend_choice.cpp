@@ -1,4 +1,4 @@
-// Parsing of the backend-choice environment variables (src/host/backend_choice.h):
+// Parsing of the backend-choice environment variables (src/api/backend_choice.h):
 // M3QKV_BACKEND and M3QKV_SELFTEST_ON_WARMUP. What the values do to the
 // dispatch is tested per build configuration in api_dispatch_tests.h.
 #include <gtest/gtest.h>
@@ -6,12 +6,12 @@
 #include <cstring>
 #include <string>
 
-#include "host/backend_choice.h"
+#include "api/backend_choice.h"
 
 namespace {
 
 TEST(BackendEnvParsing, ValuesAndTheirMeaning) {
-  using m3qkv::host::parse_backend_env;
+  using m3qkv::api::parse_backend_env;
   EXPECT_FALSE(parse_backend_env(nullptr).set);
   EXPECT_FALSE(parse_backend_env("").set) << "an empty value means unset (as `M3QKV_BACKEND= cmd` in a shell)";
   EXPECT_TRUE(parse_backend_env("").valid);
@@ -36,9 +36,9 @@ TEST(BackendEnvParsing, ValuesAndTheirMeaning) {
     EXPECT_STREQ(e.text, bad);
   }
   const std::string longer(100, 'x');
-  EXPECT_EQ(std::strlen(parse_backend_env(longer.c_str()).text), sizeof(m3qkv::host::BackendEnv::text) - 1);
+  EXPECT_EQ(std::strlen(parse_backend_env(longer.c_str()).text), sizeof(m3qkv::api::BackendEnv::text) - 1);
 
-  using m3qkv::host::parse_flag_env;
+  using m3qkv::api::parse_flag_env;
   EXPECT_FALSE(parse_flag_env(nullptr).on);
   EXPECT_TRUE(parse_flag_env(nullptr).valid);
   EXPECT_TRUE(parse_flag_env("1").on);

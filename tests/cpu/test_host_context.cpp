@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "fake_cuda.h"
-#include "host/checked.h"
+#include "api/checked.h"
 #include "host/context.h"
 #include "host/launch.h"
 #include "host/once.h"
@@ -559,7 +559,7 @@ TEST_F(HostContext, WorkspacesOfLivePrimaryContextsAreFreedAtExit) {
 namespace {
 
 // ---------------------------------------------------------- checked mode
-using m3qkv::host::Extent;
+using m3qkv::api::Extent;
 
 class CheckedMode : public HostContext {
  protected:
@@ -569,10 +569,10 @@ class CheckedMode : public HostContext {
     fake_cuda().allocations.push_back({lo, bytes, mapped == SIZE_MAX ? bytes : mapped, type, device, managed});
   }
   m3qkv_status check(const Extent& x) {
-    m3qkv::host::Extents e;
+    m3qkv::api::Extents e;
     e.items[0] = x;
     e.count = 1;
-    return m3qkv::host::check_pointers("f", enter(), e);
+    return m3qkv::api::check_pointers("f", enter(), e);
   }
   static Extent buffer(const char* name, uintptr_t lo, uint64_t bytes) { return Extent{name, lo, bytes, bytes, 1, false}; }
 };

@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "api/internal.h"
-#include "host/extents.h"
-#include "host/validate.h"
+#include "api/extents.h"
+#include "api/validate.h"
 #include "m3qkv/m3qkv.h"
 #include "valid_args.h"
 
@@ -865,7 +865,7 @@ void expect_released_size_accepted(size_t v1) {
 }
 
 TEST(StructSize, TheReleasedSizesAreAccepted) {
-  // m3qkv 0.1 on LP64 (the first release; src/host/validate.cpp pins them).
+  // m3qkv 0.1 on LP64 (the first release; src/api/validate.cpp pins them).
   expect_released_size_accepted<m3qkv_fused_args>(264);
   expect_released_size_accepted<m3qkv_insert_args>(232);
   expect_released_size_accepted<m3qkv_gemm_args>(80);
@@ -887,58 +887,58 @@ TEST(StructSize, OtherSizesAreRejectedWithTheAcceptedOnes) {
 }
 
 // ---------------------------------------------------------------------------
-// Extents: the overlap rule's geometry (src/host/extents.h).
+// Extents: the overlap rule's geometry (src/api/extents.h).
 // ---------------------------------------------------------------------------
-using m3qkv::host::Extent;
+using m3qkv::api::Extent;
 Extent contiguous(uint64_t lo, uint64_t bytes, bool written = true) { return Extent{"c", lo, bytes, bytes, 1, written}; }
 Extent paged(uint64_t lo, uint64_t span, uint64_t period, uint64_t count) {
   return Extent{"p", lo, span, period, count, true};
 }
 
 TEST(Extents, ContiguousBuffersMeetWhenTheyShareAByte) {
-  EXPECT_FALSE(m3qkv::host::extents_overlap(contiguous(1000, 100), contiguous(1100, 100)));
-  EXPECT_TRUE(m3qkv::host::extents_overlap(contiguous(1000, 101), contiguous(1100, 100)));
-  EXPECT_TRUE(m3qkv::host::extents_overlap(contiguous(1000, 500), contiguous(1100, 1)));
-  EXPECT_FALSE(m3qkv::host::extents_overlap(contiguous(1000, 100), contiguous(900, 100)));
+  EXPECT_FALSE(m3qkv::api::extents_overlap(contiguous(1000, 100), contiguous(1100, 100)));
+  EXPECT_TRUE(m3qkv::api::extents_overlap(contiguous(1000, 101), contiguous(1100, 100)));
+  EXPECT_TRUE(m3qkv::api::extents_overlap(contiguous(1000, 500), contiguous(1100, 1)));
+  EXPECT_FALSE(m3qkv::api::extents_overlap(contiguous(1000, 100), contiguous(900, 100)));
 }
 
 TEST(Extents, PagesAgainstAContiguousBuffer) {
   const Extent pages = paged(1000, 60, 100, 3);  // [1000,1060) [1100,1160) [1200,1260)
-  EXPECT_FALSE(m3qkv::host::extents_overlap(pages, contiguous(1060, 40)));   // padding of page 0
-  EXPECT_TRUE(m3qkv::host::extents_overlap(pages, contiguous(1059, 41)));
-  EXPECT_TRUE(m3qkv::host::extents_overlap(pages, contiguous(1150, 20)));
-  EXPECT_FALSE(m3qkv::host::extents_overlap(pages, contiguous(1260, 500)));  // after the last page
-  EXPECT_TRUE(m3qkv::host::extents_overlap(pages, contiguous(1259, 500)));
-  EXPECT_TRUE(m3qkv::host::extents_overlap(pages, contiguous(900, 101)));
-  EXPECT_FALSE(m3qkv::host::extents_overlap(pages, contiguous(900, 100)));
+  EXPECT_FALSE(m3qkv::api::extents_overlap(pages, contiguous(1060, 40)));   // padding of page 0
+  EXPECT_TRUE(m3qkv::api::extents_overlap(pages, contiguous(1059, 41)));
+  EXPECT_TRUE(m3qkv::api::extents_overlap(pages, contiguous(1150, 20)));
+  EXPECT_FALSE(m3qkv::api::extents_overlap(pages, contiguous(1260, 500)));  // after the last page
+  EXPECT_TRUE(m3qkv::api::extents_overlap(pages, contiguous(1259, 500)));
+  EXPECT_TRUE(m3qkv::api::extents_overlap(pages, contiguous(900, 101)));
+  EXPECT_FALSE(m3qkv::api::extents_overlap(pages, contiguous(900, 100)));
 }
 
 TEST(Extents, InterleavedPagesOfOneStride) {
   const Extent k = paged(1000, 60, 100, 3);
-  EXPECT_FALSE(m3qkv::host::extents_overlap(k, paged(1060, 40, 100, 3)));  // the halves of one page
-  EXPECT_TRUE(m3qkv::host::extents_overlap(k, paged(1059, 40, 100, 3)));
-  EXPECT_TRUE(m3qkv::host::extents_overlap(k, paged(1061, 40, 100, 3))) << "reaches into the next page";
-  EXPECT_FALSE(m3qkv::host::extents_overlap(k, paged(1160, 40, 100, 5)));  // starts two pages later
-  EXPECT_TRUE(m3qkv::host::extents_overlap(k, paged(800, 60, 100, 3))) << "b's page 2 is a's page 0";
-  EXPECT_FALSE(m3qkv::host::extents_overlap(k, paged(760, 40, 100, 3)));
-  EXPECT_FALSE(m3qkv::host::extents_overlap(k, paged(1300, 60, 100, 3)));  // pool after pool
+  EXPECT_FALSE(m3qkv::api::extents_overlap(k, paged(1060, 40, 100, 3)));  // the halves of one page
+  EXPECT_TRUE(m3qkv::api::extents_overlap(k, paged(1059, 40, 100, 3)));
+  EXPECT_TRUE(m3qkv::api::extents_overlap(k, paged(1061, 40, 100, 3))) << "reaches into the next page";
+  EXPECT_FALSE(m3qkv::api::extents_overlap(k, paged(1160, 40, 100, 5)));  // starts two pages later
+  EXPECT_TRUE(m3qkv::api::extents_overlap(k, paged(800, 60, 100, 3))) << "b's page 2 is a's page 0";
+  EXPECT_FALSE(m3qkv::api::extents_overlap(k, paged(760, 40, 100, 3)));
+  EXPECT_FALSE(m3qkv::api::extents_overlap(k, paged(1300, 60, 100, 3)));  // pool after pool
 }
 
 TEST(Extents, DifferentStridesMeetWhenTheirHullsDo) {
-  EXPECT_TRUE(m3qkv::host::extents_overlap(paged(1000, 60, 100, 3), paged(1060, 20, 50, 4)));
-  EXPECT_FALSE(m3qkv::host::extents_overlap(paged(1000, 60, 100, 3), paged(1260, 20, 50, 4)));
+  EXPECT_TRUE(m3qkv::api::extents_overlap(paged(1000, 60, 100, 3), paged(1060, 20, 50, 4)));
+  EXPECT_FALSE(m3qkv::api::extents_overlap(paged(1000, 60, 100, 3), paged(1260, 20, 50, 4)));
 }
 
 TEST(Extents, OnlyWrittenBuffersMustNotOverlap) {
-  m3qkv::host::Extents e;
+  m3qkv::api::Extents e;
   e.items[0] = Extent{"in_a", 1000, 100, 100, 1, false};
   e.items[1] = Extent{"in_b", 1050, 100, 100, 1, false};
   e.items[2] = Extent{"out", 2000, 10, 10, 1, true};
   e.count = 3;
-  EXPECT_EQ(m3qkv::host::check_overlaps("f", &e), M3QKV_SUCCESS);
+  EXPECT_EQ(m3qkv::api::check_overlaps("f", &e), M3QKV_SUCCESS);
   e.items[3] = Extent{"late", 1095, 10, 10, 1, true};
   e.count = 4;
-  EXPECT_EQ(m3qkv::host::check_overlaps("f", &e), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(m3qkv::api::check_overlaps("f", &e), M3QKV_ERROR_INVALID_ARGUMENT);
   EXPECT_EQ(std::string(m3qkv_last_error()).rfind("f: late [0x447, 0x451) overlaps in_a [0x3e8, 0x44c)", 0), 0u)
       << m3qkv_last_error();
 }
@@ -946,13 +946,13 @@ TEST(Extents, OnlyWrittenBuffersMustNotOverlap) {
 // Two extents of one group (the K and V elements of a flat KV cache, proven
 // disjoint by their own rule) are not compared; anything else still is.
 TEST(Extents, AGroupIsLeftToItsLayoutRule) {
-  m3qkv::host::Extents e;
-  e.items[0] = Extent{"kv_cache", 1000, 500, 500, 1, true, m3qkv::host::kGroupFlatKv};
-  e.items[1] = Extent{"v_cache", 1100, 500, 500, 1, true, m3qkv::host::kGroupFlatKv};
+  m3qkv::api::Extents e;
+  e.items[0] = Extent{"kv_cache", 1000, 500, 500, 1, true, m3qkv::api::kGroupFlatKv};
+  e.items[1] = Extent{"v_cache", 1100, 500, 500, 1, true, m3qkv::api::kGroupFlatKv};
   e.count = 2;
-  EXPECT_EQ(m3qkv::host::check_overlaps("f", &e), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(m3qkv::api::check_overlaps("f", &e), M3QKV_SUCCESS) << m3qkv_last_error();
   e.items[2] = Extent{"q_out", 1550, 16, 16, 1, true};
   e.count = 3;
-  EXPECT_EQ(m3qkv::host::check_overlaps("f", &e), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(m3qkv::api::check_overlaps("f", &e), M3QKV_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(m3qkv_last_error()).find("q_out"), std::string::npos) << m3qkv_last_error();
 }

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "api/internal.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "m3qkv/m3qkv.h"
 #include "valid_args.h"
 

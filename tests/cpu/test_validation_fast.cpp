@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/layouts.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "m3qkv/m3qkv.h"
 #include "valid_args.h"
 

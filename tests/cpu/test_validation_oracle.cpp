@@ -16,7 +16,7 @@
 //     FP8 / BF16 KV cache (the cache is taken page by page, as the contract
 //     says caches interleave; between its pages nothing is refused), and two
 //     paged caches of different page strides whose address ranges meet
-//     (host/extents.cpp: "not proven disjoint").
+//     (api/extents.cpp: "not proven disjoint").
 // The fuzzer's oracle (tests/fuzz/oracle.h) is checked against the same
 // byte maps, pair by pair.
 #include <gtest/gtest.h>
@@ -31,7 +31,7 @@
 
 #include "fuzz/oracle.h"
 #include "host/status.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "m3qkv/m3qkv.h"
 
 namespace {

@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "api/internal.h"
-#include "host/extents.h"
-#include "host/validate.h"
+#include "api/extents.h"
+#include "api/validate.h"
 #include "m3qkv/m3qkv.h"
 #include "valid_args.h"
 
@@ -43,8 +43,8 @@ struct Api<m3qkv_fused_args> {
     return m3qkv::validate_fused(a, out, n);
   }
   static m3qkv_status call(const m3qkv_fused_args* a) { return m3qkv_fused_qkv(a, nullptr); }
-  static m3qkv_status extents(const m3qkv_fused_args& a, m3qkv::host::Extents* x) {
-    return m3qkv::host::fused_extents(fn, a, x);
+  static m3qkv_status extents(const m3qkv_fused_args& a, m3qkv::api::Extents* x) {
+    return m3qkv::api::fused_extents(fn, a, x);
   }
   static constexpr const char* fn = "m3qkv_fused_qkv";
   static constexpr size_t kReleased[] = {264, 296};  // 0.1, 0.2 (LP64)
@@ -56,8 +56,8 @@ struct Api<m3qkv_gemm_args> {
     return m3qkv::validate_gemm(a, out, n);
   }
   static m3qkv_status call(const m3qkv_gemm_args* a) { return m3qkv_mxfp8_gemm(a, nullptr); }
-  static m3qkv_status extents(const m3qkv_gemm_args& a, m3qkv::host::Extents* x) {
-    return m3qkv::host::gemm_extents(fn, a, x);
+  static m3qkv_status extents(const m3qkv_gemm_args& a, m3qkv::api::Extents* x) {
+    return m3qkv::api::gemm_extents(fn, a, x);
   }
   static constexpr const char* fn = "m3qkv_mxfp8_gemm";
   static constexpr size_t kReleased[] = {80, 80};  // 0.1 = 0.2 (LP64)
@@ -289,7 +289,7 @@ TEST(XBf16StructSize, TheNewSizesAndTheMessageListingThem) {
 TYPED_TEST(XBf16Validation, ExtentsHoldTheBf16ActivationsAsAnInput) {
   using A = TypeParam;
   const A a = valid_x_bf16<A>();
-  m3qkv::host::Extents x;
+  m3qkv::api::Extents x;
   ASSERT_EQ(Api<A>::extents(a, &x), M3QKV_SUCCESS) << m3qkv_last_error();
   int found = 0;
   for (int i = 0; i < x.count; ++i) {

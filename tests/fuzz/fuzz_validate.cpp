@@ -1,6 +1,6 @@
 // libFuzzer target over the argument validation of the four entry points
-// (src/host/validate.h) and the extents of an accepted call
-// (src/host/extents.h). Built and run by tools/fuzz.sh (clang,
+// (src/api/validate.h) and the extents of an accepted call
+// (src/api/extents.h). Built and run by tools/fuzz.sh (clang,
 // -fsanitize=fuzzer,address,undefined); .ci/run runs it for 60 s.
 //
 // An input is a header byte and a list of field mutations applied to one of
@@ -47,9 +47,9 @@
 
 #include "fuzz/oracle.h"
 #include "host/cuda.h"
-#include "host/extents.h"
+#include "api/extents.h"
 #include "host/status.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "m3qkv/m3qkv.h"
 
 namespace {
@@ -598,14 +598,14 @@ void dump(const O::Buffers& bufs) {
   }
 }
 
-bool extents_match(const O::Buffers& bufs, const m3qkv::host::Extents& x, char* why, size_t cap) {
+bool extents_match(const O::Buffers& bufs, const m3qkv::api::Extents& x, char* why, size_t cap) {
   if (x.count != bufs.n) {
     std::snprintf(why, cap, "extents list %d buffers, the contract %d", x.count, bufs.n);
     return false;
   }
   for (int i = 0; i < bufs.n; ++i) {
     const O::Pattern& p = bufs.b[i];
-    const m3qkv::host::Extent* e = nullptr;
+    const m3qkv::api::Extent* e = nullptr;
     for (int j = 0; j < x.count; ++j)
       if (same(x.items[j].name, p.name)) e = &x.items[j];
     if (e == nullptr) {
@@ -640,10 +640,10 @@ bool extents_match(const O::Buffers& bufs, const m3qkv::host::Extents& x, char* 
   return true;
 }
 
-m3qkv_status extents_of(const m3qkv_fused_args& a, m3qkv::host::Extents* x) { return m3qkv::host::fused_extents("f", a, x); }
-m3qkv_status extents_of(const m3qkv_insert_args& a, m3qkv::host::Extents* x) { return m3qkv::host::insert_extents("f", a, x); }
-m3qkv_status extents_of(const m3qkv_gemm_args& a, m3qkv::host::Extents* x) { return m3qkv::host::gemm_extents("f", a, x); }
-m3qkv_status extents_of(const m3qkv_quantize_args& a, m3qkv::host::Extents* x) { return m3qkv::host::quantize_extents("f", a, x); }
+m3qkv_status extents_of(const m3qkv_fused_args& a, m3qkv::api::Extents* x) { return m3qkv::api::fused_extents("f", a, x); }
+m3qkv_status extents_of(const m3qkv_insert_args& a, m3qkv::api::Extents* x) { return m3qkv::api::insert_extents("f", a, x); }
+m3qkv_status extents_of(const m3qkv_gemm_args& a, m3qkv::api::Extents* x) { return m3qkv::api::gemm_extents("f", a, x); }
+m3qkv_status extents_of(const m3qkv_quantize_args& a, m3qkv::api::Extents* x) { return m3qkv::api::quantize_extents("f", a, x); }
 
 template <class A>
 void run(FuzzedDataProvider& fdp, int variant, bool relayout, int gap_mode, const Field* fields, size_t nf,
@@ -722,7 +722,7 @@ void run(FuzzedDataProvider& fdp, int variant, bool relayout, int gap_mode, cons
     return;
   }
   // Extents build and match the contract's sizes; the oracle finds no shared byte.
-  m3qkv::host::Extents x;
+  m3qkv::api::Extents x;
   if (extents_of(out, &x) != M3QKV_SUCCESS) die("the extents of an accepted call cannot be built:", m3qkv::last_error_message());
   O::Buffers bufs;
   O::buffers(out, &bufs);

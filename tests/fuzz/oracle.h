@@ -3,7 +3,7 @@
 // test tests/cpu/test_validation_oracle.cpp.
 //
 // Written from the public contract (include/m3qkv/m3qkv.h field comments,
-// docs/contract.md §4 and §5.2), not from src/host/extents.cpp: every buffer
+// docs/contract.md §4 and §5.2), not from src/api/extents.cpp: every buffer
 // is a "pattern", the rows
 //     base + Σ_d x_d·stride_d + [0, width),   0 <= x_d < extent_d,
 // (a contiguous buffer: no dimension; a paged cache: one, the pages; an FP8 /

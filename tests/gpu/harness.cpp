@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "api/internal.h"  // m3qkv_testing_fused_qkv (test-only tap + forced backend)
-#include "host/validate.h"
+#include "api/validate.h"
 #include "common/layouts.h"
 #include "common/numerics.h"
 #include "golden/golden.h"

@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "api/internal.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "common/problem.h"
 #include "common/test_util.h"
 #include "golden/golden.h"

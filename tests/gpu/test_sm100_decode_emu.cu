@@ -38,7 +38,7 @@
 #include "gpu/gpu_util.h"
 #include "gpu/harness.h"
 #include "host/device.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "host/workspace.h"
 #include "sm100/plan.h"
 #if M3QKV_WITH_SM100

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "api/internal.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "common/layouts.h"
 #include "common/numerics.h"
 #include "common/problem.h"

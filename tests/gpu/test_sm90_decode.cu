@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "api/internal.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "common/problem.h"
 #include "common/test_util.h"
 #include "golden/golden.h"

@@ -53,12 +53,12 @@
 
 #include "api/internal.h"
 #include "fake_cuda.h"
-#include "host/backend_choice.h"
+#include "api/backend_choice.h"
 #include "host/context.h"
 #include "host/device.h"
 #include "host/launch.h"
 #include "host/status.h"
-#include "host/validate.h"
+#include "api/validate.h"
 #include "host/workspace.h"
 #include "m3qkv/m3qkv.h"
 #include "portable/portable.h"
@@ -568,7 +568,7 @@ void worker(int index, double seconds, std::atomic<int>* done_calls, std::atomic
 
 int main(int argc, char** argv) {
   const double seconds = argc > 1 ? std::atof(argv[1]) : 15;
-  m3qkv::host::testing_set_env(nullptr, nullptr);
+  m3qkv::api::testing_set_env(nullptr, nullptr);
   FakeCudaInstall install;
   m3qkv::host::testing_install_cuda(&g_table);
   const auto t0 = std::chrono::steady_clock::now();

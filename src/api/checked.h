@@ -1,6 +1,6 @@
 // Checked mode (opt-in: M3QKV_CHECKED=1 in the environment, read once at the
 // first call): every buffer of a call is checked to be device memory of the
-// call's device and to lie, as the call touches it (host/extents.h), inside
+// call's device and to lie, as the call touches it (api/extents.h), inside
 // its allocation, so that a host pointer, a freed pointer, another device's
 // buffer or a buffer that is too small gets a status and a message instead
 // of a fault that kills the caller's context.
@@ -17,9 +17,9 @@
 #pragma once
 
 #include "host/device.h"
-#include "host/extents.h"
+#include "api/extents.h"
 
-namespace m3qkv::host {
+namespace m3qkv::api {
 
 // Whether checked mode is on (M3QKV_CHECKED=1 when first asked).
 bool checked_mode();
@@ -28,4 +28,4 @@ bool checked_mode();
 // device memory of dev's device or does not fit its allocation.
 m3qkv_status check_pointers(const char* fn, const DeviceInfo& dev, const Extents& e);
 
-}  // namespace m3qkv::host
+}  // namespace m3qkv::api

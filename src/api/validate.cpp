@@ -21,7 +21,7 @@
 //   6. alignment of every pointer a kernel reads or writes with wide accesses
 //      (M3QKV_ERROR_MISALIGNED)
 //   7. no written buffer overlaps another buffer of the call, each taken as
-//      the bytes the call touches (host/extents.h; M3QKV_ERROR_INVALID_ARGUMENT)
+//      the bytes the call touches (api/extents.h; M3QKV_ERROR_INVALID_ARGUMENT)
 // Fields that an operation does not use (index_* when niq/nik are 0) are not
 // checked at all.
 #include <cinttypes>
@@ -35,9 +35,9 @@
 
 #include "common/layouts.h"
 #include "common/numerics.h"
-#include "host/extents.h"
+#include "api/extents.h"
 #include "host/status.h"
-#include "host/validate.h"
+#include "api/validate.h"
 
 namespace m3qkv {
 namespace {
@@ -795,9 +795,9 @@ m3qkv_status validate_fused(const m3qkv_fused_args* args, m3qkv_fused_args* out,
   M3QKV_TRY(check_epilogue_pointers(c, e));
   M3QKV_TRY(check_gemm_alignment(c, g));
   M3QKV_TRY(check_epilogue_alignment(c, e));
-  host::Extents x;
-  M3QKV_TRY(host::fused_extents(c.fn, *a, &x));
-  return host::check_overlaps(c.fn, &x);
+  api::Extents x;
+  M3QKV_TRY(api::fused_extents(c.fn, *a, &x));
+  return api::check_overlaps(c.fn, &x);
 }
 
 m3qkv_status validate_insert(const m3qkv_insert_args* args, m3qkv_insert_args* out, bool* noop) {
@@ -814,9 +814,9 @@ m3qkv_status validate_insert(const m3qkv_insert_args* args, m3qkv_insert_args* o
   M3QKV_TRY(check_epilogue_pointers(c, e));
   M3QKV_TRY(aligned(c, "qkv", a->qkv, kWideAlign));
   M3QKV_TRY(check_epilogue_alignment(c, e));
-  host::Extents x;
-  M3QKV_TRY(host::insert_extents(c.fn, *a, &x));
-  return host::check_overlaps(c.fn, &x);
+  api::Extents x;
+  M3QKV_TRY(api::insert_extents(c.fn, *a, &x));
+  return api::check_overlaps(c.fn, &x);
 }
 
 m3qkv_status validate_gemm(const m3qkv_gemm_args* args, m3qkv_gemm_args* out, bool* noop) {
@@ -837,9 +837,9 @@ m3qkv_status validate_gemm(const m3qkv_gemm_args* args, m3qkv_gemm_args* out, bo
   M3QKV_TRY(non_null(c, "out", a->out));
   M3QKV_TRY(check_gemm_alignment(c, g));
   M3QKV_TRY(aligned(c, "out", a->out, kWideAlign));
-  host::Extents x;
-  M3QKV_TRY(host::gemm_extents(c.fn, *a, &x));
-  return host::check_overlaps(c.fn, &x);
+  api::Extents x;
+  M3QKV_TRY(api::gemm_extents(c.fn, *a, &x));
+  return api::check_overlaps(c.fn, &x);
 }
 
 m3qkv_status validate_quantize(const m3qkv_quantize_args* args, m3qkv_quantize_args* out, bool* noop) {
@@ -860,9 +860,9 @@ m3qkv_status validate_quantize(const m3qkv_quantize_args* args, m3qkv_quantize_a
   M3QKV_TRY(aligned(c, "x", a->x, kWideAlign));
   M3QKV_TRY(aligned(c, "xq", a->xq, kWideAlign));
   M3QKV_TRY(aligned(c, "xsf", a->xsf, kWideAlign));
-  host::Extents x;
-  M3QKV_TRY(host::quantize_extents(c.fn, *a, &x));
-  return host::check_overlaps(c.fn, &x);
+  api::Extents x;
+  M3QKV_TRY(api::quantize_extents(c.fn, *a, &x));
+  return api::check_overlaps(c.fn, &x);
 }
 
 m3qkv_status validate_prepare(const m3qkv_prepare_args* args, m3qkv_prepare_args* out) {
@@ -878,9 +878,9 @@ m3qkv_status validate_prepare(const m3qkv_prepare_args* args, m3qkv_prepare_args
   M3QKV_TRY(aligned(c, "wsf", a->wsf, kWideAlign));
   M3QKV_TRY(aligned(c, "wq_out", a->wq_out, kWideAlign));
   M3QKV_TRY(aligned(c, "wsf_out", a->wsf_out, kWideAlign));
-  host::Extents x;
-  M3QKV_TRY(host::prepare_extents(c.fn, *a, &x));
-  return host::check_overlaps(c.fn, &x);
+  api::Extents x;
+  M3QKV_TRY(api::prepare_extents(c.fn, *a, &x));
+  return api::check_overlaps(c.fn, &x);
 }
 
 m3qkv_status prepare_sizes(int64_t n, int64_t k, size_t* wq_bytes, size_t* wsf_bytes) {

@@ -1,5 +1,5 @@
 // Test-only fault injection (see fault.h).
-#include "host/fault.h"
+#include "api/fault.h"
 
 #include <atomic>
 #include <mutex>
@@ -7,7 +7,7 @@
 #include "host/cuda.h"
 #include "host/status.h"
 
-namespace m3qkv::host {
+namespace m3qkv::api {
 namespace {
 
 struct Fault {
@@ -47,7 +47,7 @@ m3qkv_status apply_fault(const char* fn, m3qkv_backend_kind backend, const m3qkv
     case FaultOutput::kNone: break;
   }
   if (base == nullptr || f.offset < 0 || f.offset >= bytes) return M3QKV_SUCCESS;
-  const Cuda& c = cuda_unresolved();  // the call resolved it
+  const host::Cuda& c = host::cuda_unresolved();  // the call resolved it
   uint8_t byte = 0;
   M3QKV_CUDA_TRY(fn, c.memcpy_async(&byte, base + f.offset, 1, cudaMemcpyDeviceToHost, stream));
   M3QKV_CUDA_TRY(fn, c.stream_synchronize(stream));
@@ -57,4 +57,4 @@ m3qkv_status apply_fault(const char* fn, m3qkv_backend_kind backend, const m3qkv
   return M3QKV_SUCCESS;
 }
 
-}  // namespace m3qkv::host
+}  // namespace m3qkv::api

@@ -1,11 +1,11 @@
 // Backend-choice settings (see backend_choice.h).
-#include "host/backend_choice.h"
+#include "api/backend_choice.h"
 
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 
-namespace m3qkv::host {
+namespace m3qkv::api {
 namespace {
 
 void copy_text(char (&dst)[40], const char* v) {
@@ -89,4 +89,4 @@ void testing_forget_choices() {
   for (auto& c : g_choice) c.store(0, std::memory_order_relaxed);
 }
 
-}  // namespace m3qkv::host
+}  // namespace m3qkv::api

@@ -22,7 +22,7 @@
 
 #include "m3qkv/m3qkv.h"
 
-namespace m3qkv::host {
+namespace m3qkv::api {
 
 struct Extent {
   const char* name = nullptr;
@@ -64,4 +64,4 @@ bool extents_overlap(const Extent& a, const Extent& b);
 // pairs whose hulls meet; no allocation).
 m3qkv_status check_overlaps(const char* fn, Extents* e);
 
-}  // namespace m3qkv::host
+}  // namespace m3qkv::api

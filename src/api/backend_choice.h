@@ -9,7 +9,7 @@
 
 #include "m3qkv/m3qkv.h"
 
-namespace m3qkv::host {
+namespace m3qkv::api {
 
 // M3QKV_BACKEND as parsed: `set` when the variable exists and is not empty;
 // `valid` when it is one of auto, portable, sm90, sm100 (exact, lower case);
@@ -55,4 +55,4 @@ void testing_set_env(const char* backend, const char* selftest_on_warmup);
 void testing_use_real_env();
 void testing_forget_choices();
 
-}  // namespace m3qkv::host
+}  // namespace m3qkv::api

@@ -18,7 +18,7 @@
 
 #include "m3qkv/m3qkv.h"
 
-namespace m3qkv::host {
+namespace m3qkv::api {
 
 // The outputs a fault can hit (fixed-size buffers of the call's shape).
 enum class FaultOutput : int { kNone = 0, kQOut, kQFp8Out, kIndexQOut };
@@ -33,4 +33,4 @@ void set_fault(m3qkv_backend_kind backend, FaultOutput output, int64_t offset, u
 // relaxed atomic load otherwise).
 m3qkv_status apply_fault(const char* fn, m3qkv_backend_kind backend, const m3qkv_fused_args& a, cudaStream_t stream);
 
-}  // namespace m3qkv::host
+}  // namespace m3qkv::api

@@ -1,5 +1,5 @@
 // Checked mode (see checked.h).
-#include "host/checked.h"
+#include "api/checked.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -8,7 +8,7 @@
 #include "host/cuda.h"
 #include "host/status.h"
 
-namespace m3qkv::host {
+namespace m3qkv::api {
 namespace {
 
 using ull = unsigned long long;
@@ -18,7 +18,7 @@ m3qkv_status not_device_memory(const char* fn, const Extent& x, const char* what
               x.name, static_cast<ull>(x.lo), what, dev.device);
 }
 
-m3qkv_status check_one(const char* fn, const Cuda& c, const DeviceInfo& dev, const Extent& x) {
+m3qkv_status check_one(const char* fn, const host::Cuda& c, const DeviceInfo& dev, const Extent& x) {
   CUpointer_attribute first[] = {CU_POINTER_ATTRIBUTE_MEMORY_TYPE, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                                  CU_POINTER_ATTRIBUTE_IS_MANAGED, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR,
                                  CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_MAPPED};
@@ -75,10 +75,10 @@ bool checked_mode() {
 }
 
 m3qkv_status check_pointers(const char* fn, const DeviceInfo& dev, const Extents& e) {
-  const Cuda* c = nullptr;
-  M3QKV_TRY(cuda(fn, &c));
+  const host::Cuda* c = nullptr;
+  M3QKV_TRY(host::cuda(fn, &c));
   for (int i = 0; i < e.count; ++i) M3QKV_TRY(check_one(fn, *c, dev, e.items[i]));
   return M3QKV_SUCCESS;
 }
 
-}  // namespace m3qkv::host
+}  // namespace m3qkv::api

@@ -1,10 +1,10 @@
 // Extents of each call and the overlap rule (see extents.h).
-#include "host/extents.h"
+#include "api/extents.h"
 
 #include "common/layouts.h"
 #include "host/status.h"
 
-namespace m3qkv::host {
+namespace m3qkv::api {
 namespace {
 
 using u64 = uint64_t;
@@ -207,4 +207,4 @@ m3qkv_status prepare_extents(const char* fn, const m3qkv_prepare_args& a, Extent
   return b.status();
 }
 
-}  // namespace m3qkv::host
+}  // namespace m3qkv::api
