@@ -72,7 +72,8 @@ objects() {
   ((rc == 0)) || { echo "tools/fuzz.sh: compiling in $dir failed" >&2; return 1; }
 }
 
-HOST_SOURCES=(src/host/*.cpp src/api/status.cpp)
+HOST_SOURCES=(src/host/*.cpp src/api/status.cpp src/api/validate.cpp src/api/extents.cpp src/api/backend_choice.cpp
+              src/api/checked.cpp src/api/fault.cpp)
 
 build_fuzz() {
   local t0=$SECONDS objs
