@@ -73,7 +73,7 @@ objects() {
 }
 
 HOST_SOURCES=(src/host/*.cpp src/api/status.cpp src/api/validate.cpp src/api/extents.cpp src/api/backend_choice.cpp
-              src/api/checked.cpp src/api/fault.cpp)
+              src/api/checked.cpp src/api/fault.cpp src/api/overrides.cpp)
 
 build_fuzz() {
   local t0=$SECONDS objs

@@ -22,6 +22,7 @@
 #include <string>
 
 #include "api/internal.h"
+#include "api/overrides.h"
 #include "api/selftest.h"
 #include "api/backend_choice.h"
 #include "host/cuda.h"
@@ -474,7 +475,7 @@ m3qkv_status m3qkv_qknorm_rope_kv_insert(const m3qkv_insert_args* args, cudaStre
   return run_portable("m3qkv_qknorm_rope_kv_insert", args, stream, &validate_insert, &api::insert_extents,
                       [](const m3qkv_insert_args& a, const DeviceInfo& d, cudaStream_t s) -> m3qkv_status {
 #if M3QKV_WITH_PORTABLE
-                        return portable_insert(a, d, s);
+                        return portable_insert(a, d, s, api::g_insert_layout.load(std::memory_order_relaxed));
 #else
                         (void)a, (void)d, (void)s;  // unreachable: run_portable checked kHavePortable
                         return fail(M3QKV_ERROR_INTERNAL, "portable_insert is not compiled in");

@@ -20,7 +20,7 @@ extern "C" m3qkv_status m3qkv_testing_fused_qkv(const m3qkv_fused_args* args, fl
 extern "C" m3qkv_status m3qkv_testing_inject_fault(m3qkv_backend_kind backend, const char* output, long long offset,
                                                    unsigned xor_mask);
 
-// The standalone insert's lane layout (host/overrides.h, portable/plan.h
+// The standalone insert's lane layout (api/overrides.h, portable/plan.h
 // insert_plan), process-wide: 0 = the plan's choice, 1 = a quad per row
 // (8 rows per warp), 2 = a warp per row, 3 = mixed (a warp per cache-head row,
 // a quad per q / index_q row). Returns M3QKV_ERROR_INVALID_ARGUMENT for any

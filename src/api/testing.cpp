@@ -3,9 +3,10 @@
 
 #include "api/internal.h"
 #include "api/fault.h"
-#include "host/overrides.h"
+#include "api/overrides.h"
 #include "host/status.h"
 #include "host/timing.h"
+#include "portable/plan.h"
 
 using namespace m3qkv;
 
@@ -22,12 +23,15 @@ int m3qkv_testing_host_phases(unsigned long long* ns, int capacity) {
 
 const char* m3qkv_testing_host_phase_name(int phase) { return host::phase_name(phase); }
 
+static_assert(api::kInsertLayoutMax == static_cast<int>(portable::InsertLayout::kSplitC16Q8Guess),
+              "the testing hook accepts every layout");
+
 m3qkv_status m3qkv_testing_insert_layout(int layout) {
   clear_error();
-  if (layout < 0 || layout > host::kInsertLayoutMax)
+  if (layout < 0 || layout > api::kInsertLayoutMax)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "m3qkv_testing_insert_layout: layout = %d is not in 0 .. %d", layout,
-                host::kInsertLayoutMax);
-  host::g_insert_layout.store(layout, std::memory_order_relaxed);
+                api::kInsertLayoutMax);
+  api::g_insert_layout.store(layout, std::memory_order_relaxed);
   return M3QKV_SUCCESS;
 }
 

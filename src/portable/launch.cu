@@ -7,7 +7,6 @@
 // tile for fused and gemm, one item per warp for insert: plan.h insert_plan).
 #include "host/launch.h"
 #include "host/once.h"
-#include "host/overrides.h"
 #include "host/timing.h"
 #include "host/workspace.h"
 #include "portable/kernels.cuh"
@@ -97,9 +96,6 @@ m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cuda
   return st;
 }
 
-static_assert(host::kInsertLayoutMax == static_cast<int>(portable::InsertLayout::kSplitC16Q8Guess),
-              "the testing hook accepts every layout");
-
 namespace {
 // The whole-call owner passes (plan.h kOwnerPassMinM): the table and the
 // resolved slot words in the stream workspace past its zeroed head; p's slot
@@ -139,10 +135,10 @@ m3qkv_status resolve_slot_owners(const char* fn, const m3qkv_insert_args& a, con
 }
 }  // namespace
 
-m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s) {
-  const portable::InsertPlan plan = portable::insert_plan(
-      a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), cache_heads(a.nkv, a.nik), a.kv_cache_dtype == kCacheNvfp4,
-      dev.num_sms, a.grid, static_cast<portable::InsertLayout>(host::g_insert_layout.load(std::memory_order_relaxed)));
+m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s, int layout) {
+  const portable::InsertPlan plan =
+      portable::insert_plan(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), cache_heads(a.nkv, a.nik),
+                            a.kv_cache_dtype == kCacheNvfp4, dev.num_sms, a.grid, static_cast<portable::InsertLayout>(layout));
   const host::LaunchShape sh = shape(plan.grid, portable::kInsertThreads, 0, a.use_pdl, dev);
   host::timing_mark(host::Phase::kPlan);
   portable::InsertParams p;

@@ -13,7 +13,9 @@ namespace m3qkv {
 
 m3qkv_status portable_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s);
 m3qkv_status portable_gemm(const m3qkv_gemm_args& a, const DeviceInfo& dev, cudaStream_t s);
-m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s);
+// layout: the insert's lane layout (portable::InsertLayout; 0 = the plan's
+// choice), a plan input the API takes from its testing hook.
+m3qkv_status portable_insert(const m3qkv_insert_args& a, const DeviceInfo& dev, cudaStream_t s, int layout);
 m3qkv_status portable_quantize(const m3qkv_quantize_args& a, const DeviceInfo& dev, cudaStream_t s);
 // m3qkv_prepare_weights_fp8: the fold of common/fold_fp8.h, one thread per
 // (row, 128-K group); with a.stats, the statistics through a temporary device

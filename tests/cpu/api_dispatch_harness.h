@@ -92,7 +92,8 @@ namespace {
 [[maybe_unused]] m3qkv_status fake_portable_gemm(const m3qkv_gemm_args&, const DeviceInfo& d, cudaStream_t s) {
   return record("portable_gemm", d, nullptr, s);
 }
-[[maybe_unused]] m3qkv_status fake_portable_insert(const m3qkv_insert_args&, const DeviceInfo& d, cudaStream_t s) {
+[[maybe_unused]] m3qkv_status fake_portable_insert(const m3qkv_insert_args&, const DeviceInfo& d, cudaStream_t s,
+                                                   int) {
   return record("portable_insert", d, nullptr, s);
 }
 [[maybe_unused]] m3qkv_status fake_portable_quantize(const m3qkv_quantize_args&, const DeviceInfo& d,

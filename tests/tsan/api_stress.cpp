@@ -226,7 +226,7 @@ m3qkv_status stress_portable_fused(const m3qkv_fused_args&, const DeviceInfo& d,
 m3qkv_status stress_portable_gemm(const m3qkv_gemm_args&, const DeviceInfo& d, cudaStream_t s) {
   return on_launch("portable_gemm", d, s);
 }
-m3qkv_status stress_portable_insert(const m3qkv_insert_args&, const DeviceInfo& d, cudaStream_t s) {
+m3qkv_status stress_portable_insert(const m3qkv_insert_args&, const DeviceInfo& d, cudaStream_t s, int) {
   return on_launch("portable_insert", d, s);
 }
 m3qkv_status stress_portable_quantize(const m3qkv_quantize_args&, const DeviceInfo& d, cudaStream_t s) {
