@@ -35,4 +35,15 @@ __device__ __forceinline__ uint32_t mapa_shared_cluster(uint32_t smem_addr, uint
   return d;
 }
 
+// ld.shared::cluster.f32 d, [addr];  PTX ISA 7.8+, sm_90 ("ld", state space
+// .shared::cluster): a load from the shared memory of any CTA of the cluster
+// (distributed shared memory); `addr` comes from mapa (ptx/cluster.cuh).
+// volatile: the data is written by another CTA; ordering comes from the
+// mbarrier acquire before it.
+__device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr));
+  return v;
+}
+
 }  // namespace m3qkv::ptx

@@ -61,6 +61,18 @@ __device__ __forceinline__ void cp_async_bulk_prefetch_tensor_2d_l2(const void* 
                : "memory");
 }
 
+// cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [dst], [src], size, [mbar];
+// PTX ISA 8.0+, "Data Movement: cp.async.bulk" (sm_90). A plain (non-tensor)
+// bulk copy: src, dst and size 16-B aligned / multiple of 16. The MX scale
+// chunks are contiguous 512-byte blocks of the F8_128x4 layout, so they need
+// no tensor map.
+__device__ __forceinline__ void cp_async_bulk_shared_global(uint32_t dst, const void* src, uint32_t bytes,
+                                                            uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
+               "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 }  // namespace m3qkv::ptx
 
 #if defined(M3QKV_TCGEN05_EMULATION)

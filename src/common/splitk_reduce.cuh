@@ -19,7 +19,7 @@
 #include "common/numerics.h"
 #include "common/slot_owners.cuh"
 #include "common/splitk_plan.h"
-#include "ptx/sm90_extra.cuh"  // bar_sync
+#include "ptx/barrier.cuh"
 
 namespace m3qkv::splitk {
 

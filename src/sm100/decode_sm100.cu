@@ -36,7 +36,7 @@
 #include "ptx/elect.cuh"
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
-#include "ptx/sm90_extra.cuh"
+#include "ptx/barrier.cuh"
 #include "ptx/tcgen05.cuh"
 #include "ptx/tma.cuh"
 #include "sm100/decode_config.h"

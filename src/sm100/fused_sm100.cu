@@ -34,7 +34,7 @@
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
-#include "ptx/sm90_extra.cuh"  // bar_sync
+#include "ptx/barrier.cuh"
 
 // The tcgen05 emulation (issue 6) runs the MMA issuer's and the TMA forms'
 // functional models inside the producer warps, code far larger than the 24

@@ -54,7 +54,7 @@
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
 #include "ptx/smem.cuh"
-#include "ptx/sm90_extra.cuh"
+#include "ptx/barrier.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 #include "sm90/decode_config.h"

@@ -17,7 +17,7 @@
 
 #include <stdint.h>
 
-#include "ptx/sm90_extra.cuh"
+#include "ptx/arith.cuh"
 
 namespace m3qkv::sm90 {
 

@@ -26,7 +26,7 @@
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/setmaxnreg.cuh"
-#include "ptx/sm90_extra.cuh"
+#include "ptx/barrier.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 #include "sm90/sm90.h"
