@@ -15,7 +15,7 @@
 
 namespace {
 
-using m3qkv_valid_args::fake;
+using m3qkv_valid_args::valid_prepare;
 
 m3qkv_status validate(const m3qkv_fused_args& a) {
   m3qkv_fused_args out;
@@ -49,18 +49,6 @@ TEST(ValidationFast, PrecisionOneRefusesBf16ActivationsAndBatchInvariance) {
   EXPECT_TRUE(says("batch_invariant")) << m3qkv_last_error();
 }
 
-// A valid prepare call on fake, disjoint, aligned buffers (N 256, K 1024).
-m3qkv_prepare_args valid_prepare() {
-  m3qkv_prepare_args a{};
-  a.struct_size = sizeof(a);
-  a.n = 256;
-  a.k = 1024;
-  a.wq = fake(40);
-  a.wsf = fake(41);
-  a.wq_out = fake(42);
-  a.wsf_out = fake(43);
-  return a;
-}
 m3qkv_status validate(const m3qkv_prepare_args& a) {
   m3qkv_prepare_args out;
   return m3qkv::validate_prepare(&a, &out);

@@ -111,4 +111,18 @@ inline m3qkv_quantize_args valid_quantize() {
   return a;
 }
 
+// N 256, K 1024: disjoint weights in and out.
+inline m3qkv_prepare_args valid_prepare() {
+  m3qkv_prepare_args a;
+  std::memset(&a, 0, sizeof(a));
+  a.struct_size = sizeof(a);
+  a.n = 256;
+  a.k = 1024;
+  a.wq = fake(3);
+  a.wsf = fake(4);
+  a.wq_out = fake(8);
+  a.wsf_out = fake(9);
+  return a;
+}
+
 }  // namespace m3qkv_valid_args
