@@ -127,7 +127,7 @@ const int64_t kMs[] = {1, 4, 16, 64, 128, 256, 512, 1024, 2048, 4096, 16384};
 constexpr int kExtraTp = 4;
 const int64_t kExtraMs[] = {1, 64, 512, 4096};
 // Every TP: the decode and tile paths of SM90 side by side (the crossover).
-const int64_t kCrossoverMs[] = {32, 64, 128, 256};
+const int64_t kCrossoverMs[] = {32, 64, 128, 256, 512, 1024};
 
 const Heads& heads_of(int64_t tp) {
   for (const Heads& h : kHeads)
@@ -988,10 +988,11 @@ void bench_sm90_variant(benchmark::State& state, int variant, int block_m) {
   });
 }
 
-// The SM90 decode kernel with the plan's split, and the tile kernel (variant A,
-// its own split-K) at the same M: the crossover between the
-// two paths (sm90_fused routes by sm90::decode_preferred, read off these).
-void bench_sm90_path(benchmark::State& state, bool decode) {
+// The SM90 decode kernel with the plan's split (MXFP8 activations converted by
+// its transform warps, or once per call: x_path), and the tile kernel (variant
+// A, its own split-K) at the same M: the crossovers sm90_fused routes by
+// (sm90::decode_preferred, decode_converts_x), read off these.
+void bench_sm90_path(benchmark::State& state, bool decode, int x_path = m3qkv::kSm90DecodeXTransform) {
   const Heads& h = arg_heads(state);
   const int64_t m = state.range(1);
   M3Sets* s = m3_sets(h, m);
@@ -1003,7 +1004,7 @@ void bench_sm90_path(benchmark::State& state, bool decode) {
   }
   timed_loop(state, int(s->sets.size()), fused_bytes(h, m), flops(h, m), 0.0, [&](int i) {
     const m3qkv_fused_args& a = s->sets[size_t(i)].fused;
-    return m3err(decode ? m3qkv::sm90_fused_decode(a, info, nullptr, dev().stream, 0)
+    return m3err(decode ? m3qkv::sm90_fused_decode(a, info, nullptr, dev().stream, 0, x_path)
                         : m3qkv::sm90_fused_variant(a, info, nullptr, dev().stream, m3qkv::kSm90Bf16Dequant, 0, 0));
   });
 }
@@ -1412,6 +1413,9 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
         for (int64_t cm : kCrossoverMs)
           if (cm == m) {
             add("sm90_decode", h, m, [](benchmark::State& st) { bench_sm90_path(st, true); });
+            add("sm90_decode_xhat", h, m, [](benchmark::State& st) {
+              bench_sm90_path(st, true, m3qkv::kSm90DecodeXConverted);
+            });
             add("sm90_tile", h, m, [](benchmark::State& st) { bench_sm90_path(st, false); });
           }
       // Prefill step 1 (issue 11): variant A with and without the activations

@@ -176,6 +176,8 @@ fi
 #   fused_fast_kernel      the fp8 fast mode (fast_sm90.cu): fp8 wgmma m64n128k32 ->
 #                          QGMMA.64x128x32.F32.E4M3.E4M3, 4 per 128-K stage, no HGMMA
 #   fold_x_kernel          its activation fold (no wgmma; present, no local memory)
+#   m3qkv_sm90_convert_x_kernel  the swap-AB kernel's once-per-call activation
+#                          conversion (decode_sm90.cu; the same rules as fold_x)
 # Each: present, no local memory, its wgmma kind at least once per k-step of a
 # stage (4, the unrolled loop), not the other kind nor mma.sync (HMMA), and
 # setmaxnreg kept by ptxas (USETMAXREG; ptxas drops it with warning C7508 when
@@ -183,14 +185,15 @@ fi
 if [[ -z "${HAS_ARCH[sm_90a]:-}" ]]; then
   skip "sm90 kernels" "90a not in M3QKV_CUDA_ARCHS=$CONFIGURED (SM90 path not built)"
 else
-  for k in fused_bf16dq_kernel fused_prefill_kernel m3qkv_sm90_decode_kernel fused_fast_kernel fold_x_kernel; do
+  for k in fused_bf16dq_kernel fused_prefill_kernel m3qkv_sm90_decode_kernel fused_fast_kernel fold_x_kernel \
+           m3qkv_sm90_convert_x_kernel; do
     if ! source_defines "$k" "${SM90_SRCS[@]}"; then
       skip "sm90: $k" "no source in src/sm90 names $k"
       continue
     fi
     rules=(--rule "present@sm_90a:*${k}*" --rule "no-local@sm_90a:*${k}*")
     case $k in
-      fold_x_kernel) rules+=(--rule "max@sm_90a:*${k}*:HGMMA|QGMMA|HMMA:0") ;;
+      fold_x_kernel | m3qkv_sm90_convert_x_kernel) rules+=(--rule "max@sm_90a:*${k}*:HGMMA|QGMMA|HMMA:0") ;;
       fused_fast_kernel) rules+=(--rule "min@sm_90a:*${k}*:USETMAXREG:2" --rule "min@sm_90a:*${k}*:QGMMA:4"
                                  --rule "max@sm_90a:*${k}*:HGMMA|HMMA:0") ;;
       *) rules+=(--rule "min@sm_90a:*${k}*:USETMAXREG:2" --rule "min@sm_90a:*${k}*:HGMMA:4"

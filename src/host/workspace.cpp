@@ -362,13 +362,38 @@ void release_workspaces() {
   (void)c->get_last_error();  // nothing here is anyone's business after exit
 }
 
+namespace {
+m3qkv_status check_counters(const char* fn, const splitk::Plan& plan) {
+  if (plan.counter_bytes > static_cast<int64_t>(kSplitkCounterBytesMax))
+    return fail(M3QKV_ERROR_INTERNAL, "%s: %lld counter bytes exceed the zeroed workspace head's %zu counter bytes", fn,
+                static_cast<long long>(plan.counter_bytes), kSplitkCounterBytesMax);
+  return M3QKV_SUCCESS;
+}
+}  // namespace
+
+m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream, const splitk::Plan& plan,
+                              size_t extra_bytes, SplitkBuffers* out, void** extra, WorkspaceLease* lease) {
+  *out = SplitkBuffers{};
+  *extra = nullptr;
+  const bool split = plan.split > 1;
+  if (split) M3QKV_TRY(check_counters(fn, plan));
+  const size_t partials = split ? (static_cast<size_t>(plan.partial_bytes) + kAlign - 1) / kAlign * kAlign : 0;
+  void* head = nullptr;
+  void* body = nullptr;
+  M3QKV_TRY(launch_workspace(dev, stream, partials + extra_bytes, &head, &body, lease));
+  if (split) {
+    out->counters = static_cast<uint32_t*>(head);
+    out->partials = static_cast<float*>(body);
+  }
+  *extra = static_cast<uint8_t*>(body) + partials;
+  return M3QKV_SUCCESS;
+}
+
 m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream, const splitk::Plan& plan,
                               SplitkBuffers* out, WorkspaceLease* lease) {
   *out = SplitkBuffers{};
   if (plan.split <= 1) return M3QKV_SUCCESS;
-  if (plan.counter_bytes > static_cast<int64_t>(kSplitkCounterBytesMax))
-    return fail(M3QKV_ERROR_INTERNAL, "%s: %lld counter bytes exceed the zeroed workspace head's %zu counter bytes", fn,
-                static_cast<long long>(plan.counter_bytes), kSplitkCounterBytesMax);
+  M3QKV_TRY(check_counters(fn, plan));
   void* ws = nullptr;
   M3QKV_TRY(stream_workspace(dev, stream, splitk_workspace_bytes(plan), &ws, lease));
   out->counters = static_cast<uint32_t*>(ws);

@@ -117,6 +117,13 @@ struct SplitkBuffers {
 };
 m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream, const splitk::Plan& plan,
                               SplitkBuffers* out, WorkspaceLease* lease);
+// The same with `extra_bytes` for the launch besides (the swap-AB kernel's
+// converted activations): the counters in the zeroed head as above, the
+// partials and then the extra bytes (*extra, 256-B aligned) in the launch
+// body (launch_workspace: from the memory pool outside capture, so a large
+// M does not grow the stream's workspace).
+m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream, const splitk::Plan& plan,
+                              size_t extra_bytes, SplitkBuffers* out, void** extra, WorkspaceLease* lease);
 
 // Frees the workspace of `stream` under its current key (while it captures,
 // its capture's workspace: only for a capture that will be abandoned), so a

@@ -33,49 +33,12 @@
 
 namespace m3qkv::sm90 {
 
-constexpr int kConvertGroup = 16;  // e4m3 per group: one 16-B load
-constexpr int kConvertUnroll = 4;  // groups per thread per round (64 B of loads in flight)
-static_assert(kBK % kConvertGroup == 0 && kMxBlock % kConvertGroup == 0, "a group lies in one stage and MX block");
-
-// 16 e4m3 `v` times 2^(s-127) as 16 bf16 at `out` (32 B, 16-B aligned).
-__device__ __forceinline__ void convert_group_store(const uint4 v, uint32_t s, uint8_t* out) {
-  uint4 lo, hi;
-  dequant16_e4m3_to_bf16(v, s, &lo, &hi);
-  reinterpret_cast<uint4*>(out)[0] = lo;
-  reinterpret_cast<uint4*>(out)[1] = hi;
-}
+static_assert(kBK % kConvertGroup == 0, "a conversion group lies in one stage");
 
 // The grid's share of x then w (all threads of every CTA call it).
 __device__ __forceinline__ void convert_operands(const KernelParams& p) {
-  const int64_t k = static_cast<int64_t>(p.k_stages) * kBK;
-  const int64_t per_row = k / kConvertGroup;
-  const int64_t nx = p.conv_x.rows * per_row;
-  const int64_t n = nx + p.conv_w.rows * per_row;
-  const int64_t T = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i0 = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i0 < n; i0 += kConvertUnroll * T) {
-    uint4 v[kConvertUnroll];
-    uint32_t s[kConvertUnroll];
-    uint8_t* out[kConvertUnroll];
-#pragma unroll
-    for (int u = 0; u < kConvertUnroll; ++u) {
-      const int64_t i = i0 + u * T;
-      out[u] = nullptr;
-      if (i >= n) continue;
-      const bool in_x = i < nx;  // field by field: a reference to either job would copy both to the stack
-      const uint8_t* q = in_x ? p.conv_x.q : p.conv_w.q;
-      const uint8_t* sf = in_x ? p.conv_x.sf : p.conv_w.sf;
-      const int64_t g = in_x ? i : i - nx;
-      const int64_t row = g / per_row;
-      const int64_t c = g - row * per_row;  // K 16c .. 16c + 15: stage c / 8, MX block c / 2
-      v[u] = *reinterpret_cast<const uint4*>(q + row * k + kConvertGroup * c);
-      const uint8_t* chunk = sf + ((row / 128) * p.k_stages + c / (kBK / kConvertGroup)) * kSfChunk;
-      s[u] = chunk[f8_128x4_chunk_word(static_cast<int>(row % 128)) + (c / (kMxBlock / kConvertGroup)) % 4];
-      out[u] = (in_x ? p.conv_x.out : p.conv_w.out) + (row * k + kConvertGroup * c) * 2;
-    }
-#pragma unroll
-    for (int u = 0; u < kConvertUnroll; ++u)
-      if (out[u] != nullptr) convert_group_store(v[u], s[u], out[u]);
-  }
+  convert_jobs(p.conv_x, p.conv_w, static_cast<int64_t>(p.k_stages) * kBK,
+               static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x, static_cast<int64_t>(gridDim.x) * blockDim.x);
 }
 
 // Every CTA of the grid waits here until all have arrived (see above).

@@ -10,6 +10,7 @@
 
 #include "common/epilogue.cuh"
 #include "sm90/decode_plan.h"
+#include "sm90/sm90.h"
 
 namespace m3qkv::sm90::decode {
 
@@ -196,6 +197,14 @@ __host__ __device__ inline splitk::Unit unit_of(const Params& p, int u) {
   return splitk::unit_of(u, p.token_blocks, p.split, p.k_stages);
 }
 
+// The activation conversion kernel (converted activations: MXFP8 x into bf16
+// x̂ in the launch workspace, then the bf16 instance): a grid-stride loop of
+// 16-element groups (dequant_sm90.cuh convert_jobs), 4 loads of 16 B in
+// flight per thread; kConvertCtasPerSm · 256 threads per SM cover the
+// latency of HBM (64 KiB in flight per SM).
+constexpr int kConvertThreads = 256;
+constexpr int kConvertCtasPerSm = 4;
+
 // Host entry points of decode_sm90.cu.
 cudaError_t prepare_decode();  // cudaFuncSetAttribute (max dynamic smem) of every instance
 // Test-only timeline: while set, every launch writes kTraceEvents stamps per
@@ -203,8 +212,10 @@ cudaError_t prepare_decode();  // cudaFuncSetAttribute (max dynamic smem) of eve
 void decode_set_trace(uint64_t* device_buffer, int ctas);
 // nt = 16, 32, 64 or 128 (the plan's token block); xb = kXE4m3 or kXBf16.
 // tmap_w: wq [N, K] box 128 x 128; tmap_x: e4m3 xq [M, K] box 128 x nt, or
-// bf16 x_bf16 [M, 2K bytes] box 128 B x nt; all 128-B swizzled.
+// bf16 x_bf16 [M, 2K bytes] box 128 B x nt; all 128-B swizzled. With
+// conv.rows > 0 (xb = kXBf16) a conversion kernel first writes conv.out (what
+// tmap_x reads) from MXFP8 activations; `pdl` applies to the first launch.
 m3qkv_status launch_decode(int nt, int xb, const CUtensorMap& tmap_w, const CUtensorMap& tmap_x, const Params& p,
-                           int grid, bool pdl, cudaStream_t s);
+                           int grid, bool pdl, const DequantJob& conv, int num_sms, cudaStream_t s);
 
 }  // namespace m3qkv::sm90::decode

@@ -14,16 +14,22 @@ namespace m3qkv::sm90 {
 // of 128 above M = 64, each converting its weight tiles once.
 constexpr int64_t kDecodeMaxM = (int64_t{1} << 31) - 256;
 // Routing of sm90_fused (docs/sm90.md "Routing"), read off the bench entries
-// fused_sm90_fp8 against sm90_tile / sm90_prefill (bench/README.md): bf16
-// activations always take the swap-AB kernel (the only SM90 kernel that reads
-// them); MXFP8 activations take it up to kSwapAbMaxMxfp8M tokens, where it
-// matches the tile kernels, and the tile / prefill kernels above, where the
-// transform warps' per-head activation conversion makes it slower.
+// fused_sm90_fp8 against sm90_decode / sm90_tile / sm90_prefill
+// (bench/README.md): bf16 activations always take the swap-AB kernel (the
+// only SM90 kernel that reads them); MXFP8 activations take it up to
+// kSwapAbMaxMxfp8M tokens, where it matches the tile kernels, and the tile /
+// prefill kernels above, where the transform warps' per-head activation
+// conversion makes it slower. Called directly (sm90_fused_decode, automatic
+// x_path) above kSwapAbTransformMaxM tokens it converts the activations once
+// per call instead (decode_converts_x); that path is not routed to until the
+// bench entry sm90_decode_xhat has been measured against sm90_tile.
+constexpr int64_t kSwapAbTransformMaxM = 32;
 constexpr int64_t kSwapAbMaxMxfp8M = 32;
 constexpr bool decode_preferred(int64_t m, int heads, bool x_bf16) {
   if (m < 1 || m > kDecodeMaxM || heads < 1) return false;
   return x_bf16 || m <= kSwapAbMaxMxfp8M;
 }
+constexpr bool decode_converts_x(int64_t m) { return m > kSwapAbTransformMaxM; }
 // Most splits the plan considers (a unit is at least one 128-K stage).
 constexpr int kDecodeMaxSplit = 64;
 // Token blocks = the wgmma N the kernel is instantiated for; no busy-SM rule

@@ -40,6 +40,7 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <type_traits>
 
 #include "common/epilogue_quad.cuh"
@@ -427,6 +428,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
+// The converted activations: x̂ = MXFP8 x in bf16, in the launch workspace,
+// for the bf16 instance that follows (PDL on this grid: its trigger comes
+// after this thread's stores, and its griddepcontrol.wait waits for the whole grid).
+__global__ void __launch_bounds__(kConvertThreads) m3qkv_sm90_convert_x_kernel(const DequantJob x, int64_t k) {
+#if defined(__CUDA_ARCH__) && M3QKV_HAS_WGMMA
+  griddepcontrol_wait();  // xq, xsf: the caller's (a previous grid's output)
+  convert_jobs(x, DequantJob{}, k, static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
+               static_cast<int64_t>(gridDim.x) * blockDim.x);
+  griddepcontrol_launch_dependents();
+#endif
+}
+
 // ----------------------------------------------------------------- host side
 
 template <int NT, int XB>
@@ -487,7 +500,19 @@ m3qkv_status launch_format(int nt, const CUtensorMap& tw, const CUtensorMap& tx,
 }
 
 m3qkv_status launch_decode(int nt, int xb, const CUtensorMap& tw, const CUtensorMap& tx, const Params& p, int grid,
-                           bool pdl, cudaStream_t s) {
+                           bool pdl, const DequantJob& conv, int num_sms, cudaStream_t s) {
+  if (conv.rows > 0) {
+    const int64_t k = static_cast<int64_t>(p.k_stages) * kBK;
+    const int64_t rounds = (conv.rows * (k / kConvertGroup) + kConvertUnroll - 1) / kConvertUnroll;
+    host::LaunchShape cs;
+    cs.grid = static_cast<unsigned>(std::min<int64_t>((rounds + kConvertThreads - 1) / kConvertThreads,
+                                                      int64_t{kConvertCtasPerSm} * num_sms));
+    cs.threads = kConvertThreads;
+    cs.pdl = pdl;
+    M3QKV_TRY(host::launch("m3qkv_fused_qkv", "m3qkv_sm90_convert_x_kernel", m3qkv_sm90_convert_x_kernel, cs, s,
+                           conv, k));
+    pdl = true;  // on the conversion, our own launch
+  }
   if (xb == kXBf16) return launch_format<kXBf16>(nt, tw, tx, p, grid, pdl, s);
   return launch_format<kXE4m3>(nt, tw, tx, p, grid, pdl, s);
 }

@@ -1,4 +1,4 @@
-// MXFP8 -> bf16 dequantization for the bf16-wgmma mainloop (variant A).
+// MXFP8 -> bf16 dequantization for the bf16-wgmma mainloops, per register and per operand.
 //
 // e4m3 · 2^(s-127) is exact in bf16 whenever the product lies in bf16's range
 // (8 exponent bits like f32; subnormals down to 2^-133): bf16 has 7 mantissa
@@ -17,7 +17,10 @@
 
 #include <stdint.h>
 
+#include "common/layouts.h"
+#include "common/numerics.h"
 #include "ptx/arith.cuh"
+#include "sm90/sm90.h"
 
 namespace m3qkv::sm90 {
 
@@ -84,6 +87,57 @@ __device__ __forceinline__ void dequant16_e4m3_to_bf16(const uint4 in, uint32_t 
   }
   *lo = make_uint4(o[0], o[1], o[2], o[3]);
   *hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
+
+// ---------------------------------------------------- whole operands
+// The once-per-call conversions of whole operands (sm90.h DequantJob): the
+// tile kernels' in-grid phase (convert_sm90.cuh) and the swap-AB kernel's
+// converted activations (decode_sm90.cu).
+constexpr int kConvertGroup = 16;  // e4m3 per group: one 16-B load
+constexpr int kConvertUnroll = 4;  // groups per thread per round (64 B of loads in flight)
+constexpr int kChunkK = 4 * kMxBlock;  // K of one F8_128x4 chunk (4 scale columns); k is a multiple of it
+static_assert(kMxBlock % kConvertGroup == 0, "a group lies in one MX block");
+
+// 16 e4m3 `v` times 2^(s-127) as 16 bf16 at `out` (32 B, 16-B aligned).
+__device__ __forceinline__ void convert_group_store(const uint4 v, uint32_t s, uint8_t* out) {
+  uint4 lo, hi;
+  dequant16_e4m3_to_bf16(v, s, &lo, &hi);
+  reinterpret_cast<uint4*>(out)[0] = lo;
+  reinterpret_cast<uint4*>(out)[1] = hi;
+}
+
+// Thread `t` of `T` converts groups t, t + T, ... of job x then of job w
+// (K = k each), kConvertUnroll groups per round with their loads issued together.
+__device__ __forceinline__ void convert_jobs(const DequantJob& x, const DequantJob& w, int64_t k, int64_t t,
+                                             int64_t T) {
+  const int64_t per_row = k / kConvertGroup;
+  const int64_t nx = x.rows * per_row;
+  const int64_t n = nx + w.rows * per_row;
+  for (int64_t i0 = t; i0 < n; i0 += kConvertUnroll * T) {
+    uint4 v[kConvertUnroll];
+    uint32_t s[kConvertUnroll];
+    uint8_t* out[kConvertUnroll];
+#pragma unroll
+    for (int u = 0; u < kConvertUnroll; ++u) {
+      const int64_t i = i0 + u * T;
+      out[u] = nullptr;
+      if (i >= n) continue;
+      const bool in_x = i < nx;  // field by field: a reference to either job would copy both to the stack
+      const uint8_t* q = in_x ? x.q : w.q;
+      const uint8_t* sf = in_x ? x.sf : w.sf;
+      const int64_t g = in_x ? i : i - nx;
+      const int64_t row = g / per_row;
+      const int64_t c = g - row * per_row;  // K 16c .. 16c + 15: MX block c / 2
+      v[u] = *reinterpret_cast<const uint4*>(q + row * k + kConvertGroup * c);
+      // f8_128x4_offset(row, c / 2, k / 32) for k a multiple of 128 (one 512-B chunk per 128 rows x 128 K)
+      const uint8_t* chunk = sf + ((row / 128) * (k / kChunkK) + c / (kChunkK / kConvertGroup)) * 512;
+      s[u] = chunk[f8_128x4_chunk_word(static_cast<int>(row % 128)) + (c / (kMxBlock / kConvertGroup)) % 4];
+      out[u] = (in_x ? x.out : w.out) + (row * k + kConvertGroup * c) * 2;
+    }
+#pragma unroll
+    for (int u = 0; u < kConvertUnroll; ++u)
+      if (out[u] != nullptr) convert_group_store(v[u], s[u], out[u]);
+  }
 }
 
 }  // namespace m3qkv::sm90

@@ -29,6 +29,7 @@
 #include "ptx/barrier.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
+#include "sm90/dequant_sm90.cuh"
 #include "sm90/sm90.h"
 
 namespace m3qkv::sm90 {
@@ -43,16 +44,6 @@ constexpr int kRowsPerWg = 64;              // wgmma M
 constexpr int kSmemLimit = 232448;          // sm_90 opt-in dynamic shared memory per block (227 KiB)
 static_assert(kBK == kSwizzleBytes, "one swizzle row of e4m3 per tile row and stage");
 static_assert(kBK == 4 * kMxBlock, "one F8_128x4 chunk (4 scale columns) per stage");
-
-// One MX operand to dequantize to bf16 (the one-launch prefill paths'
-// conversion, convert_sm90.cuh): e4m3 `q` [rows][K], its F8_128x4 scales
-// `sf`, the bf16 result `out` [rows][K] (16-B aligned); rows = 0: nothing.
-struct DequantJob {
-  const uint8_t* q = nullptr;
-  const uint8_t* sf = nullptr;
-  uint8_t* out = nullptr;
-  int64_t rows = 0;
-};
 
 // Everything a kernel needs besides the two tensor maps.
 struct KernelParams {
@@ -76,7 +67,7 @@ struct KernelParams {
   // The one-launch prefill paths (pre-A, prefill): what the grid converts
   // before its mainloop and the grid barrier's two words in the workspace's
   // zeroed head (host::kGridSyncOffset); conv_sync null elsewhere.
-  DequantJob conv_x, conv_w;
+  DequantJob conv_x, conv_w;  // the one-launch paths' conversion (convert_sm90.cuh); rows = 0: nothing
   uint32_t* conv_sync = nullptr;
 };
 

@@ -90,12 +90,17 @@ int max_clusters(const Sm90Setup& s, int split) {
 bool sm90_uses_decode(int64_t m, int heads, bool x_bf16) { return sm90::decode_preferred(m, heads, x_bf16); }
 
 m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
-                               int split) {
+                               int split, int x_path) {
   if (a.m < 1 || a.m > sm90::kDecodeMaxM)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: m = %lld is outside [1, %lld]",
                 static_cast<long long>(a.m), static_cast<long long>(sm90::kDecodeMaxM));
   if (split < 0)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: split = %d must be >= 0 (0 = automatic)", split);
+  if (x_path != kSm90DecodeXAuto && x_path != kSm90DecodeXTransform && x_path != kSm90DecodeXConverted)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "sm90_fused_decode: x_path = %d is not 0 (automatic), 1 (converted in the kernel) or 2 (converted "
+                "once per call)",
+                x_path);
   const Sm90Setup* setup = nullptr;
   M3QKV_TRY(prepare_device(dev, &setup));
   host::timing_mark(host::Phase::kSetup);
@@ -107,14 +112,27 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
                 static_cast<long long>(a.m), heads, static_cast<long long>(a.k));
   host::timing_mark(host::Phase::kPlan);
 
-  const void* x_bf16 = activations_bf16(a);
+  // MXFP8 activations converted once per call (x̂ in the launch workspace,
+  // then the bf16 instance) where sm90::decode_converts_x says, or as asked.
+  const bool convert = activations_bf16(a) == nullptr &&
+                       (x_path == kSm90DecodeXConverted || (x_path == kSm90DecodeXAuto && sm90::decode_converts_x(a.m)));
+  host::WorkspaceLease lease;  // through the launch
+  host::SplitkBuffers ws;
+  void* xhat = nullptr;
+  if (convert)
+    M3QKV_TRY(host::splitk_workspace("sm90_fused_decode", dev, s, plan,
+                                     static_cast<size_t>(a.m) * static_cast<size_t>(a.k) * 2, &ws, &xhat, &lease));
+  else
+    M3QKV_TRY(host::splitk_workspace("sm90_fused_decode", dev, s, plan, &ws, &lease));
+  const void* x_bf16 = convert ? xhat : activations_bf16(a);
   const int xb = x_bf16 != nullptr ? sm90::decode::kXBf16 : sm90::decode::kXE4m3;
   CUtensorMap tmap_w, tmap_x;
   M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_w, "wq", a.wq, static_cast<uint64_t>(a.k),
                                         static_cast<uint64_t>(heads) * kHeadDim, static_cast<uint64_t>(a.k),
                                         sm90::decode::kBK, sm90::decode::kHeadRows, CU_TENSOR_MAP_SWIZZLE_128B));
   if (xb == sm90::decode::kXBf16)  // bf16 rows of 2K bytes, boxes of 64 elements (one 128-B swizzle row)
-    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "x_bf16", x_bf16, static_cast<uint64_t>(a.k) * 2,
+    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, convert ? "x_bf16 (workspace)" : "x_bf16", x_bf16,
+                                          static_cast<uint64_t>(a.k) * 2,
                                           static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k) * 2, 128,
                                           static_cast<uint32_t>(plan.nt), CU_TENSOR_MAP_SWIZZLE_128B));
   else
@@ -132,15 +150,15 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   p.units = static_cast<int32_t>(plan.units);
   p.xsf = static_cast<const uint8_t*>(a.xsf);
   p.wsf = static_cast<const uint8_t*>(a.wsf);
-  host::WorkspaceLease lease;  // through the launch
-  host::SplitkBuffers ws;
-  M3QKV_TRY(host::splitk_workspace("sm90_fused_decode", dev, s, plan, &ws, &lease));
   p.counters = ws.counters;
   p.partials = ws.partials;
   p.acc_tap = acc_tap;
   p.n = static_cast<int64_t>(heads) * kHeadDim;
   p.epi = epi::make_epilogue_params(a);
-  const m3qkv_status st = sm90::decode::launch_decode(plan.nt, xb, tmap_w, tmap_x, p, plan.grid, a.use_pdl != 0, s);
+  sm90::DequantJob conv;
+  if (convert) conv = sm90::DequantJob{static_cast<const uint8_t*>(a.xq), p.xsf, static_cast<uint8_t*>(xhat), a.m};
+  const m3qkv_status st =
+      sm90::decode::launch_decode(plan.nt, xb, tmap_w, tmap_x, p, plan.grid, a.use_pdl != 0, conv, dev.num_sms, s);
   host::timing_mark(host::Phase::kLaunch);
   return st;
 }
@@ -337,7 +355,7 @@ m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float*
     return sm90_fused_fast(a, dev, acc_tap, s);
   // Batch invariance: one kernel and one K order at every M (split 1: the
   // unit of a (head, token block) walks all of K in stage order).
-  if (a.batch_invariant != 0) return sm90_fused_decode(a, dev, acc_tap, s, 1);
+  if (a.batch_invariant != 0) return sm90_fused_decode(a, dev, acc_tap, s, 1, kSm90DecodeXTransform);
   if (sm90_uses_decode(a.m, total_heads(a.nq, a.nkv, a.niq, a.nik), activations_bf16(a) != nullptr))
     return sm90_fused_decode(a, dev, acc_tap, s, 0);
   return sm90_fused_variant(a, dev, acc_tap, s, kSm90AutoVariant, 0, 0);

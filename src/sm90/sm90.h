@@ -10,6 +10,18 @@
 
 namespace m3qkv {
 
+namespace sm90 {
+// An MXFP8 operand converted to bf16 once per call (dequant_sm90.cuh
+// convert_jobs): e4m3 `q` [rows][K], its F8_128x4 scales `sf`, the bf16
+// result `out` [rows][K] (16-B aligned); rows = 0: nothing.
+struct DequantJob {
+  const uint8_t* q = nullptr;
+  const uint8_t* sf = nullptr;
+  uint8_t* out = nullptr;
+  int64_t rows = 0;
+};
+}  // namespace sm90
+
 m3qkv_status sm90_fused(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s);
 m3qkv_status sm90_warmup(const DeviceInfo& dev);
 
@@ -49,13 +61,23 @@ constexpr int kSm90MaxSplit = 8;  // portable cluster size limit
 m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
                                 int variant, int block_m = 0, int split = 0);
 
+// How the swap-AB path takes MXFP8 activations (bf16 ones need neither):
+// converted to bf16 in the kernel by its transform warps, once per head, or
+// once per call by a conversion kernel into the launch workspace, for the
+// bf16 instance. The same bf16 tile either way, so the same accumulator bits.
+enum Sm90DecodeX : int {
+  kSm90DecodeXAuto = 0,       // sm90::decode_converts_x (decode_plan.h)
+  kSm90DecodeXTransform = 1,
+  kSm90DecodeXConverted = 2,
+};
 // The swap-AB path (src/sm90/decode_sm90.cu, docs/sm90.md) for
 // 1 <= M <= kDecodeMaxM: weights as the wgmma M side, K split over a
 // persistent grid (split 0 = the plan's choice, else forced, clamped to
 // [1, K / 128]), partials summed in a fixed order through a per-stream
-// workspace. args.grid > 0 caps the grid. Arguments validated, m > 0.
+// workspace; x_path one of Sm90DecodeX. args.grid > 0 caps the grid.
+// Arguments validated, m > 0.
 m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
-                               int split = 0);
+                               int split = 0, int x_path = kSm90DecodeXAuto);
 // The fp8 fast mode's kernel (fast_sm90.cu) at any M (bench and tests;
 // sm90_fused takes it for precision 1 where sm90::fast_preferred). Weights prepared
 // (m3qkv_prepare_weights_fp8), MXFP8 activations. Arguments validated, m > 0.

@@ -112,7 +112,7 @@ namespace {
   return record_fused("sm90_fused_variant", a, d, t, s);
 }
 [[maybe_unused]] m3qkv_status fake_sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,
-                                                     cudaStream_t s, int) {
+                                                     cudaStream_t s, int, int) {
   return record_fused("sm90_fused_decode", a, d, t, s);
 }
 [[maybe_unused]] m3qkv_status fake_sm100_fused(const m3qkv_fused_args& a, const DeviceInfo& d, float* t,

@@ -223,6 +223,46 @@ TEST_F(HostContext, SplitkWorkspaceBindsCountersAndPartials) {
   EXPECT_EQ(fake_cuda().mallocs.size(), 1u);
 }
 
+// With extra bytes (the swap-AB kernel's converted activations): counters at
+// the zeroed head, partials at the launch body's start, the extra bytes after
+// them 256-B aligned; an unsplit plan has no counters or partials but still
+// its extra bytes; the counter check still refuses a plan that outgrows the head.
+TEST_F(HostContext, SplitkWorkspaceWithExtraBytesPutsThemAfterThePartials) {
+  const DeviceInfo d = enter();
+  const cudaStream_t s = fake_cuda().new_stream(current_ctx());
+  m3qkv::splitk::Plan plan;
+  plan.split = 3;
+  plan.counter_bytes = 256;
+  plan.partial_bytes = 4100;  // not a multiple of 256
+  host::SplitkBuffers b;
+  void* extra = reinterpret_cast<void*>(uintptr_t{16});  // poisoned: the call must set it
+  {
+    host::WorkspaceLease lease;
+    ASSERT_EQ(host::splitk_workspace("f", d, s, plan, 1 << 20, &b, &extra, &lease), M3QKV_SUCCESS)
+        << m3qkv_last_error();
+    ASSERT_EQ(fake_cuda().async_mallocs.size(), 2u) << "the head and the body";
+    EXPECT_EQ(static_cast<void*>(b.counters), fake_cuda().async_mallocs[0].first);
+    EXPECT_EQ(static_cast<void*>(b.partials), fake_cuda().async_mallocs[1].first);
+    EXPECT_EQ(static_cast<uint8_t*>(extra), reinterpret_cast<uint8_t*>(b.partials) + 4352);
+    EXPECT_LE(d.context->stream_bytes, 2 * host::kWorkspaceZeroBytes) << "the body was kept in the stream workspace";
+  }
+  plan.split = 1;
+  b.counters = reinterpret_cast<uint32_t*>(uintptr_t{16});
+  {
+    host::WorkspaceLease lease;
+    ASSERT_EQ(host::splitk_workspace("f", d, s, plan, 4096, &b, &extra, &lease), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(b.counters, nullptr);
+    EXPECT_EQ(b.partials, nullptr);
+    ASSERT_EQ(fake_cuda().async_mallocs.size(), 3u);
+    EXPECT_EQ(extra, fake_cuda().async_mallocs[2].first);
+  }
+  plan.split = 2;
+  plan.counter_bytes = static_cast<int64_t>(host::kSplitkCounterBytesMax) + 256;
+  host::WorkspaceLease lease;
+  EXPECT_EQ(host::splitk_workspace("sm90_fused_decode", d, s, plan, 4096, &b, &extra, &lease), M3QKV_ERROR_INTERNAL);
+  EXPECT_EQ(fake_cuda().async_mallocs.size(), 3u) << "allocated for a refused plan";
+}
+
 // A stream's outgrown buffer is freed at once (cudaFree waits for the work
 // that used it); growth at least doubles, so a slowly growing request
 // allocates rarely.

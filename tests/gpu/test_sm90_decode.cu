@@ -52,16 +52,18 @@ struct DecodeRun {
   int grid = 0;
   int use_pdl = 0;
   bool tap = true;
+  int x_path = 0;  // m3qkv::Sm90DecodeX
 };
 std::string run_name(const DecodeRun& r) {
-  return "split " + std::to_string(r.split) + " grid " + std::to_string(r.grid) + " pdl " + std::to_string(r.use_pdl);
+  return "split " + std::to_string(r.split) + " grid " + std::to_string(r.grid) + " pdl " + std::to_string(r.use_pdl) +
+         " x_path " + std::to_string(r.x_path);
 }
 
 // On `stream` where given, else on a fresh stream (so a fresh workspace).
 void run_decode(const Problem& p, const DeviceInputs& in, const DecodeRun& run, int salt, Fetched* out,
                 std::vector<float>* acc, cudaStream_t stream = nullptr) {
   const auto launch = [&run](const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s) {
-    return sm90_decode_call(a, dev, tap, s, run.split);
+    return sm90_decode_call(a, dev, tap, s, run.split, run.x_path);
   };
   run_direct(p, in, run.use_pdl, run.grid, salt, launch, out, run.tap ? acc : nullptr, stream);
 }
@@ -203,16 +205,17 @@ TEST(Sm90DecodeShapes, CountersOfAGrowingPlanOnOneStream_TP1) {
   }
 }
 
-// The public API routes MXFP8 activations to the swap-AB kernel up to 32
-// tokens and to the tile kernels above (sm90::decode_preferred): either way
-// the golden model's bytes.
+// The public API routes MXFP8 activations to the swap-AB kernel up to
+// kSwapAbMaxMxfp8M tokens and to the tile kernels above
+// (sm90::decode_preferred): either way the golden model's bytes.
 TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
   M3QKV_REQUIRE_SM90();
   print_seed_once();
   const int heads = kTP4.nq + 2 * kTP4.nkv + kTP4.niq + kTP4.nik;
   ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads, false) && m3qkv::sm90_uses_decode(4096, heads, true));
-  ASSERT_FALSE(m3qkv::sm90_uses_decode(64, heads, false) ||
+  ASSERT_FALSE(m3qkv::sm90_uses_decode(m3qkv::sm90::kSwapAbMaxMxfp8M + 1, heads, false) ||
                m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1, heads, true));
+  ASSERT_TRUE(!m3qkv::sm90::decode_converts_x(32) && m3qkv::sm90::decode_converts_x(33));
   for (int64_t m : {3, 64, 256, 1300}) {
     const Problem p = make_problem(config(kTP4, m, 1024, /*exact=*/true, 16));
     const std::vector<float> acc = golden_acc(p);
@@ -368,6 +371,21 @@ TEST_P(Sm90DecodeRandom, GemmErrorEpilogueOnTapRunToRun) {
   const int64_t differ = count_f32_mismatch(tap.data(), tap1.data(), tap.size(), &first);
   std::printf("[ split ] %s: %" PRId64 " of %zu accumulator entries differ between the plan's split and split 1\n",
               random_name(c).c_str(), differ, tap.size());
+
+  // The activations converted in the kernel and once per call: the same bf16
+  // tile, so the same accumulator and output bytes (forced both ways, fresh streams).
+  Fetched by_path[2];
+  std::vector<float> tap_path[2];
+  for (int i = 0; i < 2; ++i) {
+    DecodeRun r;
+    r.x_path = i == 0 ? m3qkv::kSm90DecodeXTransform : m3qkv::kSm90DecodeXConverted;
+    ASSERT_NO_FATAL_FAILURE(run_decode(p, in, r, 0, &by_path[i], &tap_path[i]));
+  }
+  EXPECT_EQ(count_f32_mismatch(tap_path[0].data(), tap_path[1].data(), tap.size(), &first), 0)
+      << "converted vs transformed activations, first at " << first;
+  EXPECT_EQ(count_f32_mismatch(tap.data(), tap_path[1].data(), tap.size(), &first), 0)
+      << "automatic vs converted activations, first at " << first;
+  expect_same_fetched(p, by_path[0], by_path[1], "converted vs transformed activations " + random_name(c));
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Sm90DecodeRandom,
