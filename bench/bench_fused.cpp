@@ -989,10 +989,12 @@ void bench_sm90_variant(benchmark::State& state, int variant, int block_m) {
 }
 
 // The SM90 decode kernel with the plan's split (MXFP8 activations converted by
-// its transform warps, or once per call: x_path), and the tile kernel (variant
-// A, its own split-K) at the same M: the crossovers sm90_fused routes by
-// (sm90::decode_preferred, decode_converts_x), read off these.
-void bench_sm90_path(benchmark::State& state, bool decode, int x_path = m3qkv::kSm90DecodeXTransform) {
+// its transform warps, or once per call: x_path; partials through L2 or over a
+// cluster: reduce), and the tile kernel (variant A, its own split-K) at the
+// same M: the crossovers sm90_fused routes by (sm90::decode_preferred,
+// decode_converts_x, cluster_plan), read off these.
+void bench_sm90_path(benchmark::State& state, bool decode, int x_path = m3qkv::kSm90DecodeXTransform,
+                     int reduce = m3qkv::kSm90DecodeReduceAuto) {
   const Heads& h = arg_heads(state);
   const int64_t m = state.range(1);
   M3Sets* s = m3_sets(h, m);
@@ -1002,9 +1004,18 @@ void bench_sm90_path(benchmark::State& state, bool decode, int x_path = m3qkv::k
     state.SkipWithError("SM90 paths need a CC 9.0 device");
     return;
   }
+  if (decode) {  // which plan ran: split, cluster size (0: through L2), grid
+    m3qkv::splitk::Plan plan;
+    int clusters[9] = {};
+    if (m3qkv::sm90_decode_plan(s->sets[0].fused, info, 0, reduce, &plan, clusters) == M3QKV_SUCCESS) {
+      state.counters["split"] = plan.split;
+      state.counters["cluster"] = plan.cluster;
+      state.counters["grid"] = plan.grid;
+    }
+  }
   timed_loop(state, int(s->sets.size()), fused_bytes(h, m), flops(h, m), 0.0, [&](int i) {
     const m3qkv_fused_args& a = s->sets[size_t(i)].fused;
-    return m3err(decode ? m3qkv::sm90_fused_decode(a, info, nullptr, dev().stream, 0, x_path)
+    return m3err(decode ? m3qkv::sm90_fused_decode(a, info, nullptr, dev().stream, 0, x_path, reduce)
                         : m3qkv::sm90_fused_variant(a, info, nullptr, dev().stream, m3qkv::kSm90Bf16Dequant, 0, 0));
   });
 }
@@ -1409,15 +1420,24 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
               [f, l](benchmark::State& st) { bench_insert(st, f, l); });
       }
 #if M3QKV_WITH_SM90
-      if (sm90_variants)  // every TP: the decode/tile routing rule is read off these
-        for (int64_t cm : kCrossoverMs)
-          if (cm == m) {
-            add("sm90_decode", h, m, [](benchmark::State& st) { bench_sm90_path(st, true); });
-            add("sm90_decode_xhat", h, m, [](benchmark::State& st) {
-              bench_sm90_path(st, true, m3qkv::kSm90DecodeXConverted);
-            });
-            add("sm90_tile", h, m, [](benchmark::State& st) { bench_sm90_path(st, false); });
-          }
+      if (sm90_variants) {  // every TP: the decode/tile routing rule is read off these
+        const bool crossover = std::find(std::begin(kCrossoverMs), std::end(kCrossoverMs), m) != std::end(kCrossoverMs);
+        if (crossover || m <= 16) {
+          add("sm90_decode", h, m, [](benchmark::State& st) { bench_sm90_path(st, true); });
+          add("sm90_decode_l2", h, m, [](benchmark::State& st) {
+            bench_sm90_path(st, true, m3qkv::kSm90DecodeXTransform, m3qkv::kSm90DecodeReduceL2);
+          });
+        }
+        if (crossover) {
+          add("sm90_decode_xhat", h, m, [](benchmark::State& st) {
+            bench_sm90_path(st, true, m3qkv::kSm90DecodeXConverted);
+          });
+          add("sm90_decode_xhat_l2", h, m, [](benchmark::State& st) {
+            bench_sm90_path(st, true, m3qkv::kSm90DecodeXConverted, m3qkv::kSm90DecodeReduceL2);
+          });
+          add("sm90_tile", h, m, [](benchmark::State& st) { bench_sm90_path(st, false); });
+        }
+      }
       // Prefill step 1 (issue 11): variant A with and without the activations
       // pre-converted, on the same plan (128-row tiles forced), every TP, M >= 512
       // (below the automatic plan's 128-row threshold too: the routing rule is read off these).

@@ -46,4 +46,13 @@ __device__ __forceinline__ float ld_shared_cluster_f32(uint32_t addr) {
   return v;
 }
 
+// ld.shared::cluster.v4.f32 {d0..d3}, [addr];  the same, 16 bytes (addr 16-B aligned).
+__device__ __forceinline__ float4 ld_shared_cluster_v4_f32(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr));
+  return v;
+}
+
 }  // namespace m3qkv::ptx

@@ -46,7 +46,13 @@ struct Plan {
   int64_t counter_bytes = 0;  // arrival counters, one uint32 per (head, token block), rounded to 256 B
   int64_t slot_floats = 0;    // one partial slot: nt × 128 f32
   int64_t partial_bytes = 0;  // the partial slots: units × slot_floats f32
+  // > 1 (SM90 only, sm90::cluster_plan): the S units of a (head, token block)
+  // run as one cluster of S CTAs and meet through distributed shared memory:
+  // no counters, no partial slots (both 0).
+  int cluster = 0;
 };
+// Whether the plan's partials meet through the workspace in L2.
+constexpr bool reduces_through_l2(const Plan& p) { return p.split > 1 && p.cluster <= 1; }
 
 // Stage range [k0, k1) of split s of S over ks stages (balanced: sizes differ by at most one).
 constexpr int k0(int ks, int s, int S) { return static_cast<int>(static_cast<int64_t>(ks) * s / S); }

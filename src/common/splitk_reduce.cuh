@@ -5,7 +5,9 @@
 // and the unit that arrives last sums the S partials in the fixed order
 // s = 0, 1, ..., S-1 and runs the docs/contract.md §3 epilogue (epi::lane_row_epilogue<32>
 // for blocks of at most one row per warp, else epi::quad_row_epilogue).
-// Plan and unit numbering: src/common/splitk_plan.h.
+// Plan and unit numbering: src/common/splitk_plan.h. The cluster form
+// (finish_unit_cluster, SM90 cluster plans): the S partials meet in
+// distributed shared memory and every rank finishes a share of the rows.
 //
 // Why the bytes are the same run to run: the sum of a (head, token block) is
 // always partial 0 + partial 1 + ... in f32 RN, whichever CTA finishes last;
@@ -20,6 +22,8 @@
 #include "common/slot_owners.cuh"
 #include "common/splitk_plan.h"
 #include "ptx/barrier.cuh"
+#include "ptx/cluster.cuh"
+#include "ptx/mbarrier.cuh"
 
 namespace m3qkv::splitk {
 
@@ -44,6 +48,71 @@ struct TileRow {
   static constexpr bool kSumsFromLanes = false;
 };
 
+// The epilogue of the block's token rows n = n0 + stride·i, i < rows, summed
+// in T (the last arriver: the whole block, n0 = 0, stride 1, rows = its
+// tokens; a cluster rank: its share). Called by the group's kThreads threads;
+// builds the block's slot-owner table first (bar.sync kBarrier inside).
+template <int NT, int kThreads, uint32_t kBarrier, bool kSpread, class P>
+__device__ __forceinline__ void epilogue_rows(const P& p, const Unit& w, int t, float* T,
+                                              epi::SlotOwnerTable<NT>* owners, int n0, int stride, int rows) {
+  const int q = t % 4;
+  if constexpr (!kSpread) n0 = 0, stride = 1;  // the last arriver's form, as its registers were fitted to
+  {
+    const uint32_t maps = epi::slot_maps_of(head_info(w.head, p.epi.nq, p.epi.nkv, p.epi.niq).kind);
+    if (maps != 0u) {  // uniform over the group: one head per unit
+      // One word per thread at a time: the decode kernels sit at their register cap (168 at 384 / 320
+      // threads), and their M is small.
+      epi::build_slot_owners<1>(*owners, p.epi.slot_mapping, p.epi.index_slot_mapping, maps, p.m,
+                             static_cast<int64_t>(w.tb) * NT, NT, t, kThreads, [] { ptx::bar_sync(kBarrier, kThreads); });
+    }
+  }
+  const epi::SlotOwners own = owners->view();
+  if (rows <= kThreads / 32) {
+    // Epilogue of a block with at most one token row per warp (decode at
+    // small M): warp t/32 takes row t/32 (epi::lane_row_epilogue<32>, 4 values
+    // per lane). The quad form below would give one quad the row's whole
+    // 32-value chains while the other lanes idle: the last arriver's tail,
+    // which is the kernel's.
+    const int n = n0 + stride * (t / 32);
+    if (t / 32 < rows) {  // warp-uniform
+      const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
+      const TileRow src{T, n};
+      if (p.acc_tap != nullptr) {
+        const int lane = t % 32;
+        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(w.head) * kHeadCols;
+        *reinterpret_cast<float2*>(dst + 2 * lane) = src.load(2 * lane);
+        *reinterpret_cast<float2*>(dst + kHeadCols / 2 + 2 * lane) = src.load(kHeadCols / 2 + 2 * lane);
+      }
+      epi::lane_row_epilogue<32>(p.epi, own, w.head, row, true, src);
+    }
+  } else {
+    // Epilogue: quad t/4 takes token rows t/4, t/4 + kThreads/4, ...; lane q
+    // holds columns 8j + 2q + b in y[2j + b] (epi::quad_row_epilogue's layout).
+    const epi::QuadHead head = epi::quad_head(p.epi, w.head, q);
+    // Trip counts warp-uniform: the bound is a multiple of 8 quads (NT % 8 == 0).
+    const int bound = kSpread ? (rows + 7) / 8 * 8 : NT;
+    for (int i = t / 4; i < bound; i += kThreads / 4) {
+      const bool valid = i < rows;
+      const int n = kSpread ? n0 + stride * (valid ? i : 0) : i;  // a spread rank's padding quads stay in T
+      const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
+      float y[epi::kQuadValues];
+#pragma unroll
+      for (int j = 0; j < kHeadCols / 8; ++j) {
+        const float2 v = *reinterpret_cast<const float2*>(T + tile_index(n, 8 * j + 2 * q));
+        y[2 * j] = v.x;
+        y[2 * j + 1] = v.y;
+      }
+      if (p.acc_tap != nullptr && valid) {
+        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(w.head) * kHeadCols + 2 * q;
+#pragma unroll
+        for (int j = 0; j < kHeadCols / 8; ++j)
+          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
+      }
+      epi::quad_row_epilogue</*kDecodeCvt=*/false>(p.epi, own, head, row, valid, y, q);  // 168-register kernels
+    }
+  }
+}
+
 // Called by the kThreads threads of the group (t = 0 .. kThreads-1; whole
 // warps, t % 32 = lane) after T holds the unit's partial and the group met at
 // bar.sync kBarrier. `P` provides the launch's fields m, split, token_blocks,
@@ -63,7 +132,6 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
                                             epi::SlotOwnerTable<NT>* owners, volatile uint32_t* flag, int skip_split,
                                             OnArrived&& on_arrived) {
   static_assert(kThreads % 32 == 0 && NT % 8 == 0, "whole warps; quads cover 8-token groups");
-  const int q = t % 4;
   const int mt = min(NT, p.m - w.tb * NT);  // tokens of this block
   bool last = true;
   if (p.split > 1) {
@@ -178,60 +246,71 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
       ptx::bar_sync(kBarrier, kThreads);
     }
   }
-  if (last) {
-    const uint32_t maps = epi::slot_maps_of(head_info(w.head, p.epi.nq, p.epi.nkv, p.epi.niq).kind);
-    if (maps != 0u) {  // uniform over the group: one head per unit
-      // One word per thread at a time: the decode kernels sit at their register cap (168 at 384 / 320
-      // threads), and their M is small.
-      epi::build_slot_owners<1>(*owners, p.epi.slot_mapping, p.epi.index_slot_mapping, maps, p.m,
-                             static_cast<int64_t>(w.tb) * NT, NT, t, kThreads, [] { ptx::bar_sync(kBarrier, kThreads); });
-    }
-  }
-  const epi::SlotOwners own = owners->view();
-  if (last && mt <= kThreads / 32) {
-    // Epilogue of a block with at most one token row per warp (decode at
-    // small M): warp t/32 takes row t/32 (epi::lane_row_epilogue<32>, 4 values
-    // per lane). The quad form below would give one quad the row's whole
-    // 32-value chains while the other lanes idle: the last arriver's tail,
-    // which is the kernel's.
-    const int n = t / 32;
-    if (n < mt) {  // warp-uniform
-      const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
-      const TileRow src{T, n};
-      if (p.acc_tap != nullptr) {
-        const int lane = t % 32;
-        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(w.head) * kHeadCols;
-        *reinterpret_cast<float2*>(dst + 2 * lane) = src.load(2 * lane);
-        *reinterpret_cast<float2*>(dst + kHeadCols / 2 + 2 * lane) = src.load(kHeadCols / 2 + 2 * lane);
-      }
-      epi::lane_row_epilogue<32>(p.epi, own, w.head, row, true, src);
-    }
-  } else if (last) {
-    // Epilogue: quad t/4 takes token rows t/4, t/4 + kThreads/4, ...; lane q
-    // holds columns 8j + 2q + b in y[2j + b] (epi::quad_row_epilogue's layout).
-    const epi::QuadHead head = epi::quad_head(p.epi, w.head, q);
-    for (int n = t / 4; n < NT; n += kThreads / 4) {  // warp-uniform: NT % 8 == 0
-      const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
-      const bool valid = n < mt;
-      float y[epi::kQuadValues];
-#pragma unroll
-      for (int j = 0; j < kHeadCols / 8; ++j) {
-        const float2 v = *reinterpret_cast<const float2*>(T + tile_index(n, 8 * j + 2 * q));
-        y[2 * j] = v.x;
-        y[2 * j + 1] = v.y;
-      }
-      if (p.acc_tap != nullptr && valid) {
-        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(w.head) * kHeadCols + 2 * q;
-#pragma unroll
-        for (int j = 0; j < kHeadCols / 8; ++j)
-          *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
-      }
-      epi::quad_row_epilogue</*kDecodeCvt=*/false>(p.epi, own, head, row, valid, y, q);  // 168-register kernels
-    }
-  }
+  if (last) epilogue_rows<NT, kThreads, kBarrier, /*kSpread=*/false>(p, w, t, T, owners, 0, 1, mt);
   // T is reused by the next unit.
   ptx::bar_sync(kBarrier, kThreads);
   return last;
+}
+
+// The end of a unit whose S units run as one 1-D cluster (rank = the unit's
+// split s; sm90::cluster_plan), for the kThreads threads of the group after
+// T holds the unit's partial and the group met at bar.sync kBarrier. Every
+// rank holds its partial in its own T; rank r sums token rows r, r + S, ...
+// of all S tiles in the fixed order rank 0, 1, ..., S-1 (the same additions
+// as finish_unit's, so the same bits) through distributed shared memory into
+// its own T and runs their epilogue.
+// Protocol, per unit (both barriers count S - 1 arrivals, one per peer, and
+// complete once per unit; `parity` = units this CTA walked, mod 2): one
+// thread arrives on every peer's red_full (release.cluster, after the
+// bar.sync that orders the group's T writes), the group waits its own
+// red_full (acquire.cluster), pulls, meets, one thread arrives on every
+// peer's red_empty; the epilogue; the group waits its red_empty before T may
+// be overwritten. A peer's next red_full arrival comes after that wait, so no
+// phase is overtaken.
+template <int NT, int kThreads, uint32_t kBarrier, class P, class OnArrived>
+__device__ __forceinline__ void finish_unit_cluster(const P& p, const Unit& w, int t, float* T, uint32_t t_smem,
+                                                    epi::SlotOwnerTable<NT>* owners, uint32_t red_full,
+                                                    uint32_t red_empty, uint32_t parity, OnArrived&& on_arrived) {
+  constexpr int kBatch = 4;
+  const int S = p.split;
+  const uint32_t rank = static_cast<uint32_t>(w.s);
+  if (t == 0)
+    for (int r = 0; r < S; ++r)
+      if (static_cast<uint32_t>(r) != rank) ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_full, r));
+  ptx::mbarrier_wait_cluster(red_full, parity);
+  on_arrived();
+  const int mt = min(NT, p.m - w.tb * NT);
+  const int rows = mt > w.s ? (mt - w.s + S - 1) / S : 0;  // this rank's token rows
+  for (int i = t; i < rows * (kHeadCols / 4); i += kThreads) {
+    const int n = w.s + S * (i / (kHeadCols / 4)), c = 4 * (i % (kHeadCols / 4));
+    const uint32_t at = t_smem + 4u * static_cast<uint32_t>(tile_index(n, c));
+    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int r0 = 0; r0 < S; r0 += kBatch) {  // kBatch peers' loads in flight
+      float4 v[kBatch];
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (r0 + j < S) v[j] = ptx::ld_shared_cluster_v4_f32(ptx::mapa_shared_cluster(at, r0 + j));
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j)
+        if (r0 + j == 0) {
+          sum = v[0];
+        } else if (r0 + j < S) {
+          sum.x = add_rn(sum.x, v[j].x);
+          sum.y = add_rn(sum.y, v[j].y);
+          sum.z = add_rn(sum.z, v[j].z);
+          sum.w = add_rn(sum.w, v[j].w);
+        }
+    }
+    *reinterpret_cast<float4*>(T + tile_index(n, c)) = sum;
+  }
+  ptx::bar_sync(kBarrier, kThreads);
+  if (t == 0)
+    for (int r = 0; r < S; ++r)
+      if (static_cast<uint32_t>(r) != rank) ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_empty, r));
+  if (rows > 0) epilogue_rows<NT, kThreads, kBarrier, /*kSpread=*/true>(p, w, t, T, owners, w.s, S, rows);
+  ptx::mbarrier_wait_cluster(red_empty, parity);
+  // T is reused by the next unit.
+  ptx::bar_sync(kBarrier, kThreads);
 }
 
 }  // namespace m3qkv::splitk

@@ -375,7 +375,7 @@ m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_
                               size_t extra_bytes, SplitkBuffers* out, void** extra, WorkspaceLease* lease) {
   *out = SplitkBuffers{};
   *extra = nullptr;
-  const bool split = plan.split > 1;
+  const bool split = splitk::reduces_through_l2(plan);
   if (split) M3QKV_TRY(check_counters(fn, plan));
   const size_t partials = split ? (static_cast<size_t>(plan.partial_bytes) + kAlign - 1) / kAlign * kAlign : 0;
   void* head = nullptr;
@@ -392,7 +392,7 @@ m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_
 m3qkv_status splitk_workspace(const char* fn, const DeviceInfo& dev, cudaStream_t stream, const splitk::Plan& plan,
                               SplitkBuffers* out, WorkspaceLease* lease) {
   *out = SplitkBuffers{};
-  if (plan.split <= 1) return M3QKV_SUCCESS;
+  if (!splitk::reduces_through_l2(plan)) return M3QKV_SUCCESS;
   M3QKV_TRY(check_counters(fn, plan));
   void* ws = nullptr;
   M3QKV_TRY(stream_workspace(dev, stream, splitk_workspace_bytes(plan), &ws, lease));

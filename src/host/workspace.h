@@ -105,7 +105,7 @@ m3qkv_status launch_workspace(const DeviceInfo& dev, cudaStream_t stream, size_t
 // counters would leave a later plan with more counters on the same stream
 // (e.g. TP2 at M <= 128, then M 129..256) counters dirty with partial sums,
 // and its last-arriver test `arrived == split - 1` would never fire. Both
-// null when the plan does not split. `fn` names the launcher in the message of a plan
+// null when the plan does not reduce through L2 (splitk::reduces_through_l2). `fn` names the launcher in the message of a plan
 // whose counters outgrow the head.
 constexpr size_t kSplitkPartialsOffset = kWorkspaceZeroBytes;
 inline size_t splitk_workspace_bytes(const splitk::Plan& plan) {

@@ -120,7 +120,8 @@ struct Config {
   static constexpr int kTxBytes = kWBytes + kXBytes + kSfBytes;  // every byte of a stage arrives by TMA / bulk copy
   static constexpr int kStageBytes = (kTxBytes + kSwizzleAtom - 1) / kSwizzleAtom * kSwizzleAtom;
   static constexpr int kMaxStages = 8;
-  static constexpr int kBarrierWords = 2 * kMaxStages + 2 * 3 + 1;  // full, empty, bfull, bempty (<= 3 slots), tfree
+  // full, empty, bfull, bempty (<= 3 slots), tfree, red_full / red_empty (cluster plans)
+  static constexpr int kBarrierWords = 2 * kMaxStages + 2 * 3 + 1 + 2;
   static constexpr int kBarrierBytes = kBarrierWords * 8 + 16;      // + the unit flag word
   static constexpr int kAlignSlack = kSwizzleAtom;  // dynamic smem base rounded up to 1024 B
   // The last arriver's slot-owner table of its token block (splitk::finish_unit;
@@ -146,7 +147,9 @@ struct Config {
   static constexpr int kBFullOff = 16 * kMaxStages;
   static constexpr int kBEmptyOff = kBFullOff + 8 * 3;
   static constexpr int kTFreeOff = kBEmptyOff + 8 * 3;
-  static constexpr int kFlagOff = kTFreeOff + 8;
+  static constexpr int kRedFullOff = kTFreeOff + 8;
+  static constexpr int kRedEmptyOff = kRedFullOff + 8;
+  static constexpr int kFlagOff = kRedEmptyOff + 8;
   static_assert(kFlagOff + 16 <= kBarrierBytes, "barrier block");
   static_assert(kOwnersOff % 8 == 0, "owner table: 8-B words");
   // Arrivals: a raw stage is read by every consumer (W, wsf; with bf16
@@ -180,11 +183,12 @@ struct Params {
   int32_t k_stages;      // K / 128 (= Kt of the F8_128x4 layouts)
   int32_t token_blocks;  // ceil(M / NT)
   int32_t split;         // S
+  int32_t cluster;       // S when the S units of a (head, token block) are one cluster (grid % S == 0), else 0
   int32_t units;         // heads · token_blocks · split
   const uint8_t* xsf;    // F8_128x4 [ceil(M/128)·128, K/32] (e4m3 activations; null for x_bf16)
   const uint8_t* wsf;    // F8_128x4 [N, K/32]
-  uint32_t* counters;    // workspace: [heads · token_blocks] arrival counters, zero between launches
-  float* partials;       // workspace: [units][NT][128] f32 partial slots
+  uint32_t* counters;    // workspace: [heads · token_blocks] arrival counters, zero between launches (L2 plans)
+  float* partials;       // workspace: [units][NT][128] f32 partial slots (L2 plans)
   float* acc_tap;        // test only: f32 accumulator [M, N], or null
   int64_t n;             // N (tap row stride)
   epi::EpilogueParams epi;
@@ -207,6 +211,9 @@ constexpr int kConvertCtasPerSm = 4;
 
 // Host entry points of decode_sm90.cu.
 cudaError_t prepare_decode();  // cudaFuncSetAttribute (max dynamic smem) of every instance
+// cudaOccupancyMaxActiveClusters of the kernel with clusters of `ctas` CTAs
+// (every instance: one CTA per SM); -1 when the query fails.
+int max_clusters(int ctas);
 // Test-only timeline: while set, every launch writes kTraceEvents stamps per
 // CTA for CTAs 0..ctas-1 into buffer[cta * kTraceEvents + event].
 void decode_set_trace(uint64_t* device_buffer, int ctas);

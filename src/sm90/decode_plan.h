@@ -51,4 +51,70 @@ inline splitk::Plan plan_decode_memo(int64_t m, int heads, int ks, int num_sms, 
   return splitk::plan_memo(kDecodeTarget, m, heads, ks, num_sms, split_override, grid_override);
 }
 
+// Split-K over a cluster: the S units of a (head, token block) run on the S
+// CTAs of one 1-D cluster (rank = split s) and meet through distributed
+// shared memory, each rank summing and finishing its share of the token rows
+// (splitk::finish_unit_cluster): no workspace, no L2 round trips, and the
+// epilogue spread over S CTAs instead of one last arriver's.
+constexpr int kDecodeMaxCluster = 8;  // portable cluster size
+// The model's terms for the two reductions, in cost_x64 units (1/64 stage,
+// ~0.5 µs a stage on the H200), read off the bench pair sm90_decode /
+// sm90_decode_l2 where both plans have the same split and grid (TP2, split 3
+// over 117 CTAs): the L2 tail grows with the block's tokens, ~0.05 µs each
+// (partial stores and loads, one CTA's epilogue of every row: +0.8 µs at
+// M = 16, +6 µs at M = 128 against the cluster); a cluster launch costs
+// ~2 µs once per call (+2.1 µs at M = 1); a cluster rank finishes tokens / S
+// rows.
+constexpr int64_t kL2TailPerTokenX64 = 6;
+constexpr int64_t kClusterCallX64 = 280;
+constexpr int64_t kClusterTailPerTokenX64 = 6;
+
+enum class DecodeReduce : int { kAuto = 0, kL2 = 1, kCluster = 2 };
+
+// The plan `l2` (plan_decode's, for the same m, heads, ks, num_sms and
+// overrides) in its cluster form where that is cheaper (kAuto) or asked for
+// (kCluster); unchanged otherwise, and when no cluster size fits.
+// clusters[c]: co-resident clusters of c CTAs (cudaOccupancyMaxActiveClusters;
+// 0 = not schedulable or unknown). split_override > 0 keeps the plan's split
+// (its clamped override); grid_override > 0 caps the CTAs.
+inline splitk::Plan cluster_plan(const splitk::Plan& l2, int64_t m, int heads, int ks, int num_sms, int split_override,
+                                 int grid_override, const int (&clusters)[kDecodeMaxCluster + 1], DecodeReduce mode) {
+  if (l2.nt == 0 || mode == DecodeReduce::kL2) return l2;
+  const int64_t pairs = static_cast<int64_t>(heads) * l2.token_blocks;
+  const int64_t cap = grid_override > 0 ? grid_override : num_sms;
+  const int s_lo = split_override > 0 ? l2.split : 2;
+  const int s_hi = split_override > 0 ? l2.split : (ks < kDecodeMaxCluster ? ks : kDecodeMaxCluster);
+  int best = 0;
+  int64_t best_cost = -1, best_clusters = 0;
+  for (int S = s_lo < 2 ? 2 : s_lo; S <= s_hi && S <= kDecodeMaxCluster; ++S) {
+    int64_t nc = clusters[S] < cap / S ? clusters[S] : cap / S;
+    if (nc > pairs) nc = pairs;
+    if (nc < 1) continue;
+    const int64_t rounds = (pairs + nc - 1) / nc;
+    // cost_x64's terms (stages, the per-unit hand-off), a rank's share of the rows, the launch.
+    const int64_t tokens = m < l2.nt ? m : l2.nt;
+    const int64_t cost = rounds * (static_cast<int64_t>((ks + S - 1) / S) * 64 + 32 +
+                                   (tokens + S - 1) / S * kClusterTailPerTokenX64) +
+                         kClusterCallX64;
+    if (best_cost < 0 || cost < best_cost) best = S, best_cost = cost, best_clusters = nc;
+  }
+  if (best == 0) return l2;
+  if (mode == DecodeReduce::kAuto) {
+    const int64_t per_cta = (l2.units + l2.grid - 1) / l2.grid;
+    const int64_t tokens = m < l2.nt ? m : l2.nt;  // the fullest block
+    const int64_t l2_cost =
+        splitk::cost_x64(per_cta, l2.max_unit_stages, l2.split, tokens) + per_cta * tokens * kL2TailPerTokenX64;
+    if (best_cost >= l2_cost) return l2;
+  }
+  splitk::Plan p = l2;
+  p.split = best;
+  p.cluster = best;
+  p.units = pairs * best;
+  p.grid = static_cast<int>(best_clusters * best);
+  p.max_unit_stages = (ks + best - 1) / best;
+  p.counter_bytes = 0;
+  p.partial_bytes = 0;
+  return p;
+}
+
 }  // namespace m3qkv::sm90

@@ -56,6 +56,7 @@
 #include "ptx/setmaxnreg.cuh"
 #include "ptx/smem.cuh"
 #include "ptx/barrier.cuh"
+#include "ptx/cluster.cuh"
 #include "ptx/tma.cuh"
 #include "ptx/wgmma.cuh"
 #include "sm90/decode_config.h"
@@ -150,6 +151,7 @@ __device__ __forceinline__ void trace_event(const Params& p, int ev) {
 // The barriers of the kernel (shared-memory addresses; Config's offsets).
 struct Bars {
   uint32_t full0, empty0, bfull0, bempty0, tfree;
+  uint32_t red_full, red_empty;  // cluster plans (splitk::finish_unit_cluster)
 };
 
 // -------------------------------------------------------------------- roles
@@ -198,9 +200,9 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
   using C = Config<NT, XB>;
   static_assert(C::kTransform, "bf16 activations need no transform");
   // Barrier addresses as constant offsets of the one base register.
-  const Bars b{smem_s + C::kBarOff + C::kFullOff, smem_s + C::kBarOff + C::kEmptyOff,
-               smem_s + C::kBarOff + C::kBFullOff, smem_s + C::kBarOff + C::kBEmptyOff,
-               smem_s + C::kBarOff + C::kTFreeOff};
+  const Bars b{smem_s + C::kBarOff + C::kFullOff,   smem_s + C::kBarOff + C::kEmptyOff,
+               smem_s + C::kBarOff + C::kBFullOff,  smem_s + C::kBarOff + C::kBEmptyOff,
+               smem_s + C::kBarOff + C::kTFreeOff,  0u, 0u};
   const int tt = static_cast<int>(threadIdx.x) - kTransformWarp0 * 32;  // 0 .. kTransformThreads-1
   constexpr int kTasks = NT * (kBK / 16);                             // (token, 16-B unit of its row)
   // Trip counts are warp-uniform: kTasks and kTransformThreads are multiples of 32.
@@ -254,7 +256,8 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
 // epilogue). Returns after a barrier that frees T / the B ring.
 template <int NT>
 __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit& w, int u, float (&acc)[NT / 2],
-                                            float* T, epi::SlotOwnerTable<NT>* owners, volatile uint32_t* flag) {
+                                            float* T, uint32_t t_smem, epi::SlotOwnerTable<NT>* owners,
+                                            volatile uint32_t* flag, const Bars& b, uint32_t parity) {
   const int t = threadIdx.x;
   const int wg = t / kWarpgroup, warp = (t % kWarpgroup) / 32, l = t % 32, q = l % 4;
   const int r0 = 64 * wg + 16 * warp + l / 4;
@@ -266,6 +269,13 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
 #pragma unroll
       for (int b = 0; b < 2; ++b) T[tile_index(8 * j + 2 * q + b, r0 + 8 * h)] = acc[4 * j + 2 * h + b];
   ptx::bar_sync(kBarrierNamed, kConsumerThreads);
+  if (p.cluster > 1) {  // the cluster's S tiles meet in distributed shared memory
+    splitk::finish_unit_cluster<NT, kConsumerThreads, kBarrierNamed>(
+        p, w, t, T, t_smem, owners, b.red_full, b.red_empty, parity, [&] {
+          if (t == 0) trace_event(p, kTrArrived);
+        });
+    return w.s == 0;
+  }
   // Four items × four splits of partial loads in flight: no spill within the 168 registers.
   return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed, 4, 4>(p, w, u, t, T, owners, flag,
                                                                         /*skip_split=*/-1, [&] {
@@ -370,7 +380,7 @@ __device__ __forceinline__ void consumer(const Params& p, uint8_t* smem, uint32_
     if (t == 0) trace_event(p, kTrMainDone);
     // Both warpgroups' wgmmas have read the B ring before T overwrites it.
     ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-    lasts += finish_unit<NT>(p, w, u, acc, T, owners, flag) ? 1 : 0;
+    lasts += finish_unit<NT>(p, w, u, acc, T, smem_s + C::kRingOff, owners, flag, b, units & 1) ? 1 : 0;
     // Every thread's T accesses are done: each releases them to the transform.
     if constexpr (C::kTransform) ptx::mbarrier_arrive(b.tfree);
     if (t == 0) trace_event(p, kTrEpiDone);
@@ -395,7 +405,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   const uint32_t base = (raw + kSwizzleAtom - 1) & ~static_cast<uint32_t>(kSwizzleAtom - 1);
   uint8_t* smem = smem_raw + (base - raw);
   const uint32_t bar = base + C::kBarOff;
-  const Bars b{bar + C::kFullOff, bar + C::kEmptyOff, bar + C::kBFullOff, bar + C::kBEmptyOff, bar + C::kTFreeOff};
+  const Bars b{bar + C::kFullOff,  bar + C::kEmptyOff,    bar + C::kBFullOff,   bar + C::kBEmptyOff,
+               bar + C::kTFreeOff, bar + C::kRedFullOff, bar + C::kRedEmptyOff};
   volatile uint32_t* flag = reinterpret_cast<volatile uint32_t*>(smem + C::kBarOff + C::kFlagOff);
   if (threadIdx.x == 0) {
     trace_event(p, kTrEntry);
@@ -408,9 +419,18 @@ __global__ void __launch_bounds__(kThreads, 1)
       ptx::mbarrier_init(b.bempty0 + 8 * s, C::kBEmptyArrivals);
     }
     ptx::mbarrier_init(b.tfree, C::kTFreeArrivals);
-    ptx::fence_mbarrier_init_release_cluster();  // visible to the async proxy (TMA complete_tx)
+    if (p.cluster > 1) {  // one arrival per peer rank and unit
+      ptx::mbarrier_init(b.red_full, p.cluster - 1);
+      ptx::mbarrier_init(b.red_empty, p.cluster - 1);
+    }
+    ptx::fence_mbarrier_init_release_cluster();  // visible to the async proxy (TMA complete_tx) and the peers
   }
-  __syncthreads();
+  if (p.cluster > 1) {  // every CTA's barriers initialized before a peer's remote arrival
+    ptx::barrier_cluster_arrive();
+    ptx::barrier_cluster_wait();
+  } else {
+    __syncthreads();
+  }
   if (threadIdx.x >= kConsumerThreads) {
     ptx::setmaxnreg_dec<C::kWg2Regs>();
     const int warp = threadIdx.x / 32;
@@ -424,6 +444,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     ptx::setmaxnreg_inc<C::kConsumerRegs>();
     consumer<NT, XB>(p, smem, base, b, flag);
+  }
+  if (p.cluster > 1) {
+    // No CTA leaves while a peer may still read its shared memory (the CUDA
+    // programming guide's rule for distributed shared memory); every role
+    // reaches this point, and the barrier is .aligned: whole warps.
+    __syncwarp();
+    ptx::barrier_cluster_arrive();
+    ptx::barrier_cluster_wait();
   }
 #endif
 }
@@ -472,6 +500,13 @@ cudaError_t prepare_decode() {
   return e == cudaSuccess ? prepare_format<kXBf16>() : e;
 }
 
+int max_clusters(int ctas) {
+  // Every instance takes more than half of the SM's shared memory (Config's
+  // static_assert): one CTA per SM, so any instance gives the same count.
+  return host::max_active_clusters(m3qkv_sm90_decode_kernel<128, kXE4m3>, kThreads,
+                                   Config<128, kXE4m3>::kSmemBytes, static_cast<unsigned>(ctas));
+}
+
 template <int NT, int XB>
 m3qkv_status launch_decode_nt(const CUtensorMap& tw, const CUtensorMap& tx, const Params& p, int grid, bool pdl,
                               cudaStream_t s) {
@@ -480,6 +515,7 @@ m3qkv_status launch_decode_nt(const CUtensorMap& tw, const CUtensorMap& tx, cons
   shape.threads = kThreads;
   shape.smem = Config<NT, XB>::kSmemBytes;
   shape.pdl = pdl;
+  shape.cluster = p.cluster > 1 ? static_cast<unsigned>(p.cluster) : 0u;
   Params pt = p;
   pt.trace = g_trace;
   pt.trace_ctas = g_trace_ctas;

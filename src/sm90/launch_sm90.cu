@@ -50,6 +50,9 @@ struct Sm90Setup {
   unsigned coop_pre_a = 0, coop_prefill = 0;
   // Resident clusters of the fast kernel with 1, 2 and 4 CTAs (index log2; 0: not schedulable or unknown).
   int fast_clusters[3] = {};
+  // Resident clusters of the swap-AB kernel per cluster size (0: not
+  // schedulable or unknown: that size is not planned).
+  int decode_clusters[sm90::kDecodeMaxCluster + 1] = {};
 };
 
 int query_max_clusters(int split) {
@@ -68,6 +71,7 @@ m3qkv_status prepare_device(const DeviceInfo& dev, const Sm90Setup** out) {
     if (sm90::co_resident_pre_a(dev, &s->coop_pre_a) != M3QKV_SUCCESS) s->coop_pre_a = 0;
     if (sm90::co_resident_prefill(dev, &s->coop_prefill) != M3QKV_SUCCESS) s->coop_prefill = 0;
     for (int i = 0; i < 3; ++i) s->fast_clusters[i] = std::max(0, sm90::max_clusters_fast(1 << i));
+    for (int c = 2; c <= sm90::kDecodeMaxCluster; ++c) s->decode_clusters[c] = std::max(0, sm90::decode::max_clusters(c));
     for (int sp = 0; sp <= kSm90MaxSplit; ++sp)
       s->max_clusters[sp].store(sp >= 2 ? query_max_clusters(sp) : 0, std::memory_order_relaxed);
     return M3QKV_SUCCESS;
@@ -89,8 +93,27 @@ int max_clusters(const Sm90Setup& s, int split) {
 
 bool sm90_uses_decode(int64_t m, int heads, bool x_bf16) { return sm90::decode_preferred(m, heads, x_bf16); }
 
+namespace {
+splitk::Plan decode_plan_of(const m3qkv_fused_args& a, const DeviceInfo& dev, const Sm90Setup& setup, int split,
+                            int reduce) {
+  const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
+  const int ks = static_cast<int>(a.k / sm90::kBK);
+  return sm90::cluster_plan(sm90::plan_decode_memo(a.m, heads, ks, dev.num_sms, split, a.grid), a.m, heads, ks,
+                            dev.num_sms, split, a.grid, setup.decode_clusters, static_cast<sm90::DecodeReduce>(reduce));
+}
+}  // namespace
+
+m3qkv_status sm90_decode_plan(const m3qkv_fused_args& a, const DeviceInfo& dev, int split, int reduce,
+                              splitk::Plan* plan, int* clusters) {
+  const Sm90Setup* setup = nullptr;
+  M3QKV_TRY(prepare_device(dev, &setup));
+  *plan = decode_plan_of(a, dev, *setup, split, reduce);
+  for (int c = 0; c <= sm90::kDecodeMaxCluster; ++c) clusters[c] = setup->decode_clusters[c];
+  return M3QKV_SUCCESS;
+}
+
 m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
-                               int split, int x_path) {
+                               int split, int x_path, int reduce) {
   if (a.m < 1 || a.m > sm90::kDecodeMaxM)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT, "sm90_fused_decode: m = %lld is outside [1, %lld]",
                 static_cast<long long>(a.m), static_cast<long long>(sm90::kDecodeMaxM));
@@ -101,15 +124,23 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
                 "sm90_fused_decode: x_path = %d is not 0 (automatic), 1 (converted in the kernel) or 2 (converted "
                 "once per call)",
                 x_path);
+  if (reduce != kSm90DecodeReduceAuto && reduce != kSm90DecodeReduceL2 && reduce != kSm90DecodeReduceCluster)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "sm90_fused_decode: reduce = %d is not 0 (automatic), 1 (through L2) or 2 (over a cluster)", reduce);
   const Sm90Setup* setup = nullptr;
   M3QKV_TRY(prepare_device(dev, &setup));
   host::timing_mark(host::Phase::kSetup);
   const int heads = total_heads(a.nq, a.nkv, a.niq, a.nik);
   const int ks = static_cast<int>(a.k / sm90::kBK);
-  const splitk::Plan plan = sm90::plan_decode_memo(a.m, heads, ks, dev.num_sms, split, a.grid);
+  const splitk::Plan plan = decode_plan_of(a, dev, *setup, split, reduce);
   if (plan.nt == 0 || plan.units > INT32_MAX)
     return fail(M3QKV_ERROR_INTERNAL, "sm90_fused_decode: no decode plan for m = %lld, %d heads, k = %lld",
                 static_cast<long long>(a.m), heads, static_cast<long long>(a.k));
+  if (reduce == kSm90DecodeReduceCluster && plan.cluster < 2)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "sm90_fused_decode: no cluster plan for split %d (m = %lld, grid %d): it needs 2 <= split <= %d and "
+                "a grid of at least split CTAs that the device can co-schedule",
+                plan.split, static_cast<long long>(a.m), a.grid, sm90::kDecodeMaxCluster);
   host::timing_mark(host::Phase::kPlan);
 
   // MXFP8 activations converted once per call (x̂ in the launch workspace,
@@ -147,6 +178,7 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   p.k_stages = ks;
   p.token_blocks = plan.token_blocks;
   p.split = plan.split;
+  p.cluster = plan.cluster;
   p.units = static_cast<int32_t>(plan.units);
   p.xsf = static_cast<const uint8_t*>(a.xsf);
   p.wsf = static_cast<const uint8_t*>(a.wsf);

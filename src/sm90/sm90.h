@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 #include <stdint.h>
 
+#include "common/splitk_plan.h"
 #include "host/device.h"
 
 namespace m3qkv {
@@ -70,14 +71,27 @@ enum Sm90DecodeX : int {
   kSm90DecodeXTransform = 1,
   kSm90DecodeXConverted = 2,
 };
+// Where the swap-AB path's split-K partials meet: through a per-stream
+// workspace in L2 (the last arriving unit sums them), or in distributed
+// shared memory when the S units of a (head, token block) run as one cluster
+// (sm90::cluster_plan). The same additions in the same order: the same bits.
+enum Sm90DecodeReduce : int {
+  kSm90DecodeReduceAuto = 0,     // sm90::cluster_plan's cost model
+  kSm90DecodeReduceL2 = 1,
+  kSm90DecodeReduceCluster = 2,  // an error where no cluster plan fits (split > 8, grid < split)
+};
 // The swap-AB path (src/sm90/decode_sm90.cu, docs/sm90.md) for
 // 1 <= M <= kDecodeMaxM: weights as the wgmma M side, K split over a
 // persistent grid (split 0 = the plan's choice, else forced, clamped to
-// [1, K / 128]), partials summed in a fixed order through a per-stream
-// workspace; x_path one of Sm90DecodeX. args.grid > 0 caps the grid.
+// [1, K / 128]), partials summed in a fixed order (reduce: one of
+// Sm90DecodeReduce); x_path one of Sm90DecodeX. args.grid > 0 caps the grid.
 // Arguments validated, m > 0.
 m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev, float* acc_tap, cudaStream_t s,
-                               int split = 0, int x_path = kSm90DecodeXAuto);
+                               int split = 0, int x_path = kSm90DecodeXAuto, int reduce = kSm90DecodeReduceAuto);
+// The plan sm90_fused_decode runs for these arguments (bench and tests), and
+// the device's co-resident clusters per size, clusters[0 .. 8].
+m3qkv_status sm90_decode_plan(const m3qkv_fused_args& a, const DeviceInfo& dev, int split, int reduce,
+                              splitk::Plan* plan, int* clusters);
 // The fp8 fast mode's kernel (fast_sm90.cu) at any M (bench and tests;
 // sm90_fused takes it for precision 1 where sm90::fast_preferred). Weights prepared
 // (m3qkv_prepare_weights_fp8), MXFP8 activations. Arguments validated, m > 0.

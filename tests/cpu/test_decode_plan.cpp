@@ -136,6 +136,107 @@ TEST(DecodePlan, OverridesAndLimits) {
 }
 
 
+// The cluster form (sm90::cluster_plan): the S units of a (head, token block)
+// on the S consecutive CTAs of one cluster, so rank = blockIdx.x % S is the
+// unit's split for every unit a CTA walks, and every (pair, split) is walked
+// once. Cluster counts: an assumed table of a 132-SM part (the launcher asks
+// the device), and an empty one.
+using m3qkv::sm90::cluster_plan;
+using m3qkv::sm90::DecodeReduce;
+constexpr int kClusters[m3qkv::sm90::kDecodeMaxCluster + 1] = {0, 0, 66, 42, 32, 24, 20, 16, 16};
+constexpr int kNoClusters[m3qkv::sm90::kDecodeMaxCluster + 1] = {};
+
+Plan with_cluster(int64_t m, int heads, int ks, int split, int grid, DecodeReduce mode,
+                  const int (&clusters)[m3qkv::sm90::kDecodeMaxCluster + 1] = kClusters) {
+  return cluster_plan(plan_decode(m, heads, ks, 132, split, grid), m, heads, ks, 132, split, grid, clusters, mode);
+}
+
+TEST(DecodePlan, ClusterPlansKeepEachPairOnOneClusterAndFitTheDevice) {
+  int clustered = 0;
+  for (const Layout& l : kLayouts)
+    for (int64_t m : {1, 7, 16, 33, 64, 129, 256, 300, 1024})
+      for (int ks : {2, 4, 16, 48}) {
+        SCOPED_TRACE(std::string(l.name) + " M " + std::to_string(m) + " ks " + std::to_string(ks));
+        const Plan p = with_cluster(m, l.heads, ks, 0, 0, DecodeReduce::kAuto);
+        const Plan l2 = plan_decode(m, l.heads, ks, 132);
+        ASSERT_EQ(p.nt, l2.nt);
+        ASSERT_EQ(p.token_blocks, l2.token_blocks);
+        if (p.cluster == 0) {
+          EXPECT_EQ(p.split, l2.split);
+          EXPECT_EQ(p.grid, l2.grid);
+          continue;
+        }
+        ++clustered;
+        EXPECT_EQ(p.cluster, p.split);
+        EXPECT_GE(p.split, 2);
+        EXPECT_LE(p.split, std::min(ks, 8));
+        EXPECT_EQ(p.grid % p.split, 0);
+        EXPECT_LE(p.grid / p.split, kClusters[p.split]);
+        EXPECT_LE(p.grid, 132);
+        EXPECT_EQ(p.units, int64_t(l.heads) * p.token_blocks * p.split);
+        EXPECT_EQ(p.max_unit_stages, (ks + p.split - 1) / p.split);
+        EXPECT_EQ(p.counter_bytes, 0);
+        EXPECT_EQ(p.partial_bytes, 0);
+        EXPECT_FALSE(m3qkv::splitk::reduces_through_l2(p));
+        std::vector<int> seen(static_cast<size_t>(p.units), 0);
+        for (int b = 0; b < p.grid; ++b) {
+          int walked = 0;
+          for (int64_t u = b; u < p.units; u += p.grid) {
+            EXPECT_EQ(u % p.split, b % p.split) << "unit " << u << " on CTA " << b;
+            ++seen[static_cast<size_t>(u)];
+            ++walked;
+          }
+          // The ranks of a cluster walk the same number of units (they meet at every one).
+          int first = 0;
+          for (int64_t u = b - b % p.split; u < p.units; u += p.grid) ++first;
+          EXPECT_EQ(walked, first) << "CTA " << b;
+        }
+        EXPECT_EQ(std::count(seen.begin(), seen.end(), 1), p.units);
+      }
+  EXPECT_GT(clustered, 0);
+  // Worked, TP4 (20 heads), K = 6144. M = 1: the L2 plan (split 6 over 120
+  // CTAs), whose tail at one token is cheaper than a cluster launch. M = 128:
+  // 20 clusters of 6 (the same 8 stages each, 22 rows per rank) against one
+  // CTA's 128 rows.
+  const Plan tp4 = with_cluster(1, 20, 48, 0, 0, DecodeReduce::kAuto);
+  EXPECT_EQ(tp4.cluster, 0);
+  EXPECT_EQ(tp4.split, 6);
+  const Plan tp4_128 = with_cluster(128, 20, 48, 0, 0, DecodeReduce::kAuto);
+  EXPECT_EQ(tp4_128.cluster, 6);
+  EXPECT_EQ(tp4_128.grid, 120);
+  // TP1 (77 heads) at M = 1024: 616 pairs, no split at all.
+  EXPECT_EQ(with_cluster(1024, 77, 48, 0, 0, DecodeReduce::kAuto).split, 1);
+}
+
+TEST(DecodePlan, ClusterPlanModesAndLimits) {
+  // No co-resident cluster of any size, or the L2 mode: the L2 plan unchanged.
+  const Plan l2 = plan_decode(1, 20, 48, 132);
+  for (const Plan& p : {with_cluster(1, 20, 48, 0, 0, DecodeReduce::kAuto, kNoClusters),
+                        with_cluster(1, 20, 48, 0, 0, DecodeReduce::kCluster, kNoClusters),
+                        with_cluster(1, 20, 48, 0, 0, DecodeReduce::kL2)}) {
+    EXPECT_EQ(p.cluster, 0);
+    EXPECT_EQ(p.split, l2.split);
+    EXPECT_EQ(p.grid, l2.grid);
+    EXPECT_EQ(p.partial_bytes, l2.partial_bytes);
+  }
+  // A forced split keeps its size: 2 -> clusters of 2; above 8 or unsplit -> none.
+  EXPECT_EQ(with_cluster(1, 20, 48, 2, 0, DecodeReduce::kCluster).cluster, 2);
+  EXPECT_EQ(with_cluster(1, 20, 48, 2, 0, DecodeReduce::kCluster).grid, 40);
+  EXPECT_EQ(with_cluster(1, 20, 48, 16, 0, DecodeReduce::kCluster).cluster, 0);
+  EXPECT_EQ(with_cluster(1, 20, 48, 1, 0, DecodeReduce::kCluster).cluster, 0);
+  // The grid cap counts CTAs: 7 -> 3 clusters of 2 that walk every pair; 1 -> none.
+  const Plan capped = with_cluster(64, 20, 48, 2, 7, DecodeReduce::kCluster);
+  EXPECT_EQ(capped.cluster, 2);
+  EXPECT_EQ(capped.grid, 6);
+  EXPECT_EQ(with_cluster(64, 20, 48, 2, 1, DecodeReduce::kCluster).cluster, 0);
+  // The device's count caps the clusters: 4 clusters of 3 at most.
+  int few[m3qkv::sm90::kDecodeMaxCluster + 1] = {};
+  few[3] = 4;
+  const Plan f = with_cluster(1, 20, 48, 0, 0, DecodeReduce::kCluster, few);
+  EXPECT_EQ(f.cluster, 3);
+  EXPECT_EQ(f.grid, 12);
+}
+
 // The launchers' memo returns plan()'s result for any call sequence: repeats,
 // alternations, one argument changed at a time, both targets interleaved.
 TEST(DecodePlan, MemoReturnsThePlanOfItsArguments) {

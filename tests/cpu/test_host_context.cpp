@@ -256,11 +256,33 @@ TEST_F(HostContext, SplitkWorkspaceWithExtraBytesPutsThemAfterThePartials) {
     ASSERT_EQ(fake_cuda().async_mallocs.size(), 3u);
     EXPECT_EQ(extra, fake_cuda().async_mallocs[2].first);
   }
+  // A cluster plan splits without the workspace: no counters or partials
+  // (the plan's byte counts are ignored), the extra bytes only; and the
+  // split-only form allocates nothing.
+  plan.split = 4;
+  plan.cluster = 4;
+  b.counters = reinterpret_cast<uint32_t*>(uintptr_t{16});
+  b.partials = reinterpret_cast<float*>(uintptr_t{16});
+  {
+    host::WorkspaceLease lease;
+    ASSERT_EQ(host::splitk_workspace("f", d, s, plan, 4096, &b, &extra, &lease), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(b.counters, nullptr);
+    EXPECT_EQ(b.partials, nullptr);
+    ASSERT_EQ(fake_cuda().async_mallocs.size(), 4u);
+    EXPECT_EQ(extra, fake_cuda().async_mallocs[3].first);
+    host::SplitkBuffers none;
+    none.counters = reinterpret_cast<uint32_t*>(uintptr_t{16});
+    host::WorkspaceLease lease2;
+    ASSERT_EQ(host::splitk_workspace("f", d, s, plan, &none, &lease2), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_EQ(none.counters, nullptr);
+    EXPECT_EQ(fake_cuda().async_mallocs.size(), 4u) << "a cluster plan allocated a workspace";
+  }
+  plan.cluster = 0;
   plan.split = 2;
   plan.counter_bytes = static_cast<int64_t>(host::kSplitkCounterBytesMax) + 256;
   host::WorkspaceLease lease;
   EXPECT_EQ(host::splitk_workspace("sm90_fused_decode", d, s, plan, 4096, &b, &extra, &lease), M3QKV_ERROR_INTERNAL);
-  EXPECT_EQ(fake_cuda().async_mallocs.size(), 3u) << "allocated for a refused plan";
+  EXPECT_EQ(fake_cuda().async_mallocs.size(), 4u) << "allocated for a refused plan";
 }
 
 // A stream's outgrown buffer is freed at once (cudaFree waits for the work

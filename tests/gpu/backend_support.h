@@ -36,9 +36,9 @@ m3qkv_status sm90_variant_call(const m3qkv_fused_args& a, const m3qkv::DeviceInf
 }
 template <bool kHave = kBuiltSm90>
 m3qkv_status sm90_decode_call(const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s,
-                              int split, int x_path = 0) {
+                              int split, int x_path = 0, int reduce = 0) {
   if constexpr (kHave)
-    return m3qkv::sm90_fused_decode(a, dev, tap, s, split, x_path);
+    return m3qkv::sm90_fused_decode(a, dev, tap, s, split, x_path, reduce);
   else
     return M3QKV_ERROR_UNSUPPORTED_DEVICE;
 }

@@ -7,11 +7,13 @@
 //    automatic plan: every output byte equal to the golden model with both
 //    poison salts, error_flags equal, tap equal to the golden accumulator.
 //  - Sm90DecodeShapes: forced splits (1, 2, max, auto) x persistent grids
-//    (1, 7, auto) x PDL, out-of-range slots / positions, the API route.
+//    (1, 7, auto) x PDL, split 2 through L2 and over clusters, out-of-range
+//    slots / positions, the API route.
 //  - Sm90DecodeRandom: random data, K = 6144 and others: GEMM error of the tap
 //    vs the f64 reference (reported, <= 1e-5), epilogue bit-exact on the tap,
-//    the same bytes on a second run, and how many accumulator entries change
-//    with the split size (reported: the summation order differs).
+//    the same bytes on a second run, the same bytes through L2 and over a
+//    cluster, and how many accumulator entries change with the split size
+//    (reported: the summation order differs).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -53,17 +55,18 @@ struct DecodeRun {
   int use_pdl = 0;
   bool tap = true;
   int x_path = 0;  // m3qkv::Sm90DecodeX
+  int reduce = 0;  // m3qkv::Sm90DecodeReduce
 };
 std::string run_name(const DecodeRun& r) {
   return "split " + std::to_string(r.split) + " grid " + std::to_string(r.grid) + " pdl " + std::to_string(r.use_pdl) +
-         " x_path " + std::to_string(r.x_path);
+         " x_path " + std::to_string(r.x_path) + " reduce " + std::to_string(r.reduce);
 }
 
 // On `stream` where given, else on a fresh stream (so a fresh workspace).
 void run_decode(const Problem& p, const DeviceInputs& in, const DecodeRun& run, int salt, Fetched* out,
                 std::vector<float>* acc, cudaStream_t stream = nullptr) {
   const auto launch = [&run](const m3qkv_fused_args& a, const m3qkv::DeviceInfo& dev, float* tap, cudaStream_t s) {
-    return sm90_decode_call(a, dev, tap, s, run.split, run.x_path);
+    return sm90_decode_call(a, dev, tap, s, run.split, run.x_path, run.reduce);
   };
   run_direct(p, in, run.use_pdl, run.grid, salt, launch, out, run.tap ? acc : nullptr, stream);
 }
@@ -140,6 +143,19 @@ TEST(Sm90DecodeShapes, ForcedSplitsGridsPdl_TP4_K2048) {
           ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M" + std::to_string(m) + "_K2048"));
           if (HasFailure()) return;
         }
+    // Split 2 through L2 and over clusters of 2, forced; a grid of 7 CTAs
+    // (3 clusters) walks many pairs per cluster: the reduction barriers'
+    // phases wrap. PDL on the full grid.
+    for (int reduce : {m3qkv::kSm90DecodeReduceL2, m3qkv::kSm90DecodeReduceCluster})
+      for (int grid : {0, 7}) {
+        DecodeRun run;
+        run.split = 2;
+        run.grid = grid;
+        run.use_pdl = grid == 0 ? 1 : 0;
+        run.reduce = reduce;
+        ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M" + std::to_string(m) + "_K2048"));
+        if (HasFailure()) return;
+      }
   }
 }
 
@@ -383,6 +399,19 @@ TEST_P(Sm90DecodeRandom, GemmErrorEpilogueOnTapRunToRun) {
   }
   EXPECT_EQ(count_f32_mismatch(tap_path[0].data(), tap_path[1].data(), tap.size(), &first), 0)
       << "converted vs transformed activations, first at " << first;
+  // Split 4 through L2 and over clusters of 4: the same additions in the same
+  // order, so the same accumulator and output bytes.
+  Fetched by_reduce[2];
+  std::vector<float> tap_reduce[2];
+  for (int i = 0; i < 2; ++i) {
+    DecodeRun r;
+    r.split = 4;
+    r.reduce = i == 0 ? m3qkv::kSm90DecodeReduceL2 : m3qkv::kSm90DecodeReduceCluster;
+    ASSERT_NO_FATAL_FAILURE(run_decode(p, in, r, 0, &by_reduce[i], &tap_reduce[i]));
+  }
+  EXPECT_EQ(count_f32_mismatch(tap_reduce[0].data(), tap_reduce[1].data(), tap.size(), &first), 0)
+      << "split 4 through L2 vs over a cluster, first at " << first;
+  expect_same_fetched(p, by_reduce[0], by_reduce[1], "split 4, L2 vs cluster " + random_name(c));
   EXPECT_EQ(count_f32_mismatch(tap.data(), tap_path[1].data(), tap.size(), &first), 0)
       << "automatic vs converted activations, first at " << first;
   expect_same_fetched(p, by_path[0], by_path[1], "converted vs transformed activations " + random_name(c));
@@ -413,7 +442,8 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
     int64_t m;
   };
   for (const Case& c :
-       {Case{kTP4, 1}, Case{kTP4, 64}, Case{kTP4, 128}, Case{kTP4, 256}, Case{kTP8, 1}, Case{kTP1, 1}}) {
+       {Case{kTP4, 1}, Case{kTP4, 64}, Case{kTP4, 128}, Case{kTP4, 256}, Case{kTP8, 1}, Case{kTP1, 1}})
+   for (int reduce : {m3qkv::kSm90DecodeReduceL2, m3qkv::kSm90DecodeReduceAuto}) {
     const Problem p = make_problem(config(c.h, c.m, 6144, /*exact=*/false, 128));
     DeviceInputs in;
     CUDA_OK(in.upload(p));
@@ -422,20 +452,23 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
     m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
     m3qkv::DeviceInfo dev;
     M3QKV_OK(m3qkv::current_device_info(&dev));
-    const m3qkv::splitk::Plan plan =
-        m3qkv::sm90::plan_decode(c.m, int(p.n() / 128), int(p.k / 128), dev.num_sms);
+    m3qkv::splitk::Plan plan;
+    int clusters[9] = {};
+    M3QKV_OK(m3qkv::sm90_decode_plan(a, dev, 0, reduce, &plan, clusters));
+    std::printf("[ trace ] co-resident clusters of 2..8 CTAs: %d %d %d %d %d %d %d\n", clusters[2], clusters[3],
+                clusters[4], clusters[5], clusters[6], clusters[7], clusters[8]);
     Stream s;
     CUDA_OK(s.error());
     Event e0, e1;
     CUDA_OK(e0.error());
     CUDA_OK(e1.error());
     for (int cold = 1; cold >= 0; --cold) {
-      for (int i = 0; i < 3; ++i) M3QKV_OK(sm90_decode_call(a, dev, nullptr, s.get(), 0));
+      for (int i = 0; i < 3; ++i) M3QKV_OK(sm90_decode_call(a, dev, nullptr, s.get(), 0, 0, reduce));
       if (cold) CUDA_OK(cudaMemsetAsync(flush.get(), cold, flush.size(), s.get()));
       CUDA_OK(cudaMemsetAsync(trace.get(), 0, trace.size(), s.get()));
       decode_trace(trace.as<uint64_t>(), kCtas);
       CUDA_OK(cudaEventRecord(e0.get(), s.get()));
-      M3QKV_OK(sm90_decode_call(a, dev, nullptr, s.get(), 0));
+      M3QKV_OK(sm90_decode_call(a, dev, nullptr, s.get(), 0, 0, reduce));
       CUDA_OK(cudaEventRecord(e1.get(), s.get()));
       decode_trace(nullptr, 0);
       CUDA_OK(cudaEventSynchronize(e1.get()));
@@ -453,10 +486,10 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
           units += at(k, dec::kTrUnits);
           lasts += at(k, dec::kTrLastArrivals);
         }
-      std::printf("[ trace ] %s M%lld K6144 %s L2: call %.1f us (events); plan nt %d split %d grid %d units %lld; "
-                  "%d CTAs traced, %llu units, %llu last arrivals\n",
+      std::printf("[ trace ] %s M%lld K6144 %s L2: call %.1f us (events); plan nt %d split %d cluster %d grid %d "
+                  "units %lld; %d CTAs traced, %llu units, %llu last arrivals\n",
                   c.h.name, static_cast<long long>(c.m), cold ? "cold" : "warm", 1e3 * double(ms), plan.nt,
-                  plan.split, plan.grid, static_cast<long long>(plan.units), ctas,
+                  plan.split, plan.cluster, plan.grid, static_cast<long long>(plan.units), ctas,
                   static_cast<unsigned long long>(units), static_cast<unsigned long long>(lasts));
       ASSERT_GT(ctas, 0);
       // The last arrivers one by one (head = unit / split when each CTA has one unit).

@@ -242,7 +242,7 @@ m3qkv_status stress_sm90_fused_variant(const m3qkv_fused_args&, const DeviceInfo
                                        int) {
   return on_launch("sm90_fused_variant", d, s);
 }
-m3qkv_status stress_sm90_fused_decode(const m3qkv_fused_args&, const DeviceInfo& d, float*, cudaStream_t s, int, int) {
+m3qkv_status stress_sm90_fused_decode(const m3qkv_fused_args&, const DeviceInfo& d, float*, cudaStream_t s, int, int, int = 0) {
   return on_launch("sm90_fused_decode", d, s);
 }
 m3qkv_status stress_sm100_fused(const m3qkv_fused_args&, const DeviceInfo& d, float*, cudaStream_t s) {
