@@ -14,17 +14,16 @@ namespace m3qkv::sm90 {
 // of 128 above M = 64, each converting its weight tiles once.
 constexpr int64_t kDecodeMaxM = (int64_t{1} << 31) - 256;
 // Routing of sm90_fused (docs/sm90.md "Routing"), read off the bench entries
-// fused_sm90_fp8 against sm90_decode / sm90_tile / sm90_prefill
+// fused_sm90_fp8 against sm90_decode / sm90_decode_xhat / sm90_tile
 // (bench/README.md): bf16 activations always take the swap-AB kernel (the
 // only SM90 kernel that reads them); MXFP8 activations take it up to
-// kSwapAbMaxMxfp8M tokens, where it matches the tile kernels, and the tile /
-// prefill kernels above, where the transform warps' per-head activation
-// conversion makes it slower. Called directly (sm90_fused_decode, automatic
-// x_path) above kSwapAbTransformMaxM tokens it converts the activations once
-// per call instead (decode_converts_x); that path is not routed to until the
-// bench entry sm90_decode_xhat has been measured against sm90_tile.
+// kSwapAbMaxMxfp8M tokens, converted by its transform warps up to
+// kSwapAbTransformMaxM and once per call above (decode_converts_x: the
+// transform warps would convert them again for every head), and the pre-A /
+// prefill tile kernels from 512 tokens, where the swap-AB plan leaves SMs idle
+// (e.g. TP4 M = 512: 80 (head, token block) pairs on 132 SMs).
 constexpr int64_t kSwapAbTransformMaxM = 32;
-constexpr int64_t kSwapAbMaxMxfp8M = 32;
+constexpr int64_t kSwapAbMaxMxfp8M = 511;
 constexpr bool decode_preferred(int64_t m, int heads, bool x_bf16) {
   if (m < 1 || m > kDecodeMaxM || heads < 1) return false;
   return x_bf16 || m <= kSwapAbMaxMxfp8M;
