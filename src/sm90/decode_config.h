@@ -192,8 +192,9 @@ struct Params {
   float* acc_tap;        // test only: f32 accumulator [M, N], or null
   int64_t n;             // N (tap row stride)
   epi::EpilogueParams epi;
-  uint64_t* trace;       // test only: [trace_ctas][kTraceEvents] stamps (ns), or null
+  uint64_t* trace;       // test only: [trace_ctas][kTraceEvents] stamps (ns), or null (common/trace.cuh)
   int32_t trace_ctas;
+  static constexpr int kTraceEvents = decode::kTraceEvents;
 };
 
 // Unit u of this launch (splitk::unit_of: (head · token_blocks + token block) · split + s).

@@ -45,6 +45,7 @@
 
 #include "common/epilogue_quad.cuh"
 #include "common/splitk_reduce.cuh"
+#include "common/trace.cuh"
 #include "common/layouts.h"
 #include "common/ring.h"
 #include "host/launch.h"
@@ -137,15 +138,6 @@ __device__ __forceinline__ void convert_x_task(uint32_t x_tile, uint32_t b_slot,
   ptx::st_shared_v4_b32(dst + sw128_offset(n, 16 * (v0 + 1)), dequant_e4m3_lo_pair<kBig>(w.z, f),
                         dequant_e4m3_hi_pair<kBig>(w.z, f), dequant_e4m3_lo_pair<kBig>(w.w, f),
                         dequant_e4m3_hi_pair<kBig>(w.w, f));
-}
-
-// Test-only timeline (decode_set_trace).
-__device__ __forceinline__ void trace_value(const Params& p, int ev, uint64_t v) {
-  if (p.trace != nullptr && static_cast<int>(blockIdx.x) < p.trace_ctas)
-    p.trace[static_cast<int64_t>(blockIdx.x) * kTraceEvents + ev] = v;
-}
-__device__ __forceinline__ void trace_event(const Params& p, int ev) {
-  if (p.trace != nullptr) trace_value(p, ev, ptx::globaltimer());
 }
 
 // The barriers of the kernel (shared-memory addresses; Config's offsets).

@@ -18,6 +18,7 @@
 #include "common/epilogue.cuh"
 #include "common/layouts.h"
 #include "common/numerics.h"
+#include "common/trace.cuh"
 #include "host/launch.h"
 #include "ptx/cluster.cuh"
 #include "ptx/elect.cuh"
@@ -64,6 +65,7 @@ struct KernelParams {
   epi::EpilogueParams epi;
   uint64_t* trace;     // test only: per-CTA event times [trace_ctas][kTraceEvents] (ns), or null
   int32_t trace_ctas;
+  static constexpr int kTraceEvents = m3qkv::kTraceEvents;  // sm90.h; common/trace.cuh
   // The one-launch prefill paths (pre-A, prefill): what the grid converts
   // before its mainloop and the grid barrier's two words in the workspace's
   // zeroed head (host::kGridSyncOffset); conv_sync null elsewhere.
@@ -71,14 +73,7 @@ struct KernelParams {
   uint32_t* conv_sync = nullptr;
 };
 
-// Test-only timeline: events and layout in sm90.h (TraceEvent, sm90_set_trace).
-__device__ __forceinline__ void trace_value(const KernelParams& p, int ev, uint64_t v) {
-  if (p.trace != nullptr && static_cast<int>(blockIdx.x) < p.trace_ctas)
-    p.trace[static_cast<int64_t>(blockIdx.x) * kTraceEvents + ev] = v;
-}
-__device__ __forceinline__ void trace_event(const KernelParams& p, int ev) {
-  if (p.trace != nullptr) trace_value(p, ev, ptx::globaltimer());
-}
+// Test-only timeline (common/trace.cuh): events and layout in sm90.h (TraceEvent, sm90_set_trace).
 
 struct Tile {
   int mb;    // row block (BM rows)
