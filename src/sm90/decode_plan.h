@@ -57,16 +57,22 @@ inline splitk::Plan plan_decode_memo(int64_t m, int heads, int ks, int num_sms, 
 // epilogue spread over S CTAs instead of one last arriver's.
 constexpr int kDecodeMaxCluster = 8;  // portable cluster size
 // The model's terms for the two reductions, in cost_x64 units (1/64 stage,
-// ~0.5 µs a stage on the H200), read off the bench pair sm90_decode /
-// sm90_decode_l2 where both plans have the same split and grid (TP2, split 3
-// over 117 CTAs): the L2 tail grows with the block's tokens, ~0.05 µs each
-// (partial stores and loads, one CTA's epilogue of every row: +0.8 µs at
-// M = 16, +6 µs at M = 128 against the cluster); a cluster launch costs
-// ~2 µs once per call (+2.1 µs at M = 1); a cluster rank finishes tokens / S
-// rows.
+// ~0.5 µs a stage on the H200), read off the bench pairs sm90_decode /
+// sm90_decode_l2 and their _xhat forms (one H200 sweep): the L2 tail grows
+// with the block's tokens, ~0.05 µs each (partial stores and loads, one CTA's
+// epilogue of every row; TP2, both plans split 3 over 117 CTAs: +0.8 µs at
+// M = 16 and +6 µs at M = 128 against the cluster); a cluster launch costs
+// ~2 µs once per call (+2.1 µs at M = 1 there); and every unit of a cluster
+// holds all S ranks until the slowest has finished (~2.7 µs a unit at 128
+// tokens: TP4 M = 256, 3 units of 6 stages per cluster, 53 µs against the L2
+// plan's 41), so many short units per cluster lose.
 constexpr int64_t kL2TailPerTokenX64 = 6;
 constexpr int64_t kClusterCallX64 = 280;
-constexpr int64_t kClusterTailPerTokenX64 = 6;
+constexpr int64_t kClusterUnitPerTokenX64 = 3;
+// A cluster that walks several units needs units of at least this many
+// stages (same sweep: 6-stage units lost at TP4 M = 256 / 1024 and TP8
+// M = 1024, 12-stage units won at TP4 M = 512).
+constexpr int kClusterMinUnitStages = 12;
 
 enum class DecodeReduce : int { kAuto = 0, kL2 = 1, kCluster = 2 };
 
@@ -90,11 +96,12 @@ inline splitk::Plan cluster_plan(const splitk::Plan& l2, int64_t m, int heads, i
     if (nc > pairs) nc = pairs;
     if (nc < 1) continue;
     const int64_t rounds = (pairs + nc - 1) / nc;
-    // cost_x64's terms (stages, the per-unit hand-off), a rank's share of the rows, the launch.
+    if (rounds > 1 && (ks + S - 1) / S < kClusterMinUnitStages) continue;
+    // cost_x64's terms (stages, the per-unit hand-off), the unit's lockstep end, the launch.
     const int64_t tokens = m < l2.nt ? m : l2.nt;
-    const int64_t cost = rounds * (static_cast<int64_t>((ks + S - 1) / S) * 64 + 32 +
-                                   (tokens + S - 1) / S * kClusterTailPerTokenX64) +
-                         kClusterCallX64;
+    const int64_t cost =
+        rounds * (static_cast<int64_t>((ks + S - 1) / S) * 64 + 32 + tokens * kClusterUnitPerTokenX64) +
+        kClusterCallX64;
     if (best_cost < 0 || cost < best_cost) best = S, best_cost = cost, best_clusters = nc;
   }
   if (best == 0) return l2;

@@ -139,11 +139,11 @@ TEST(DecodePlan, OverridesAndLimits) {
 // The cluster form (sm90::cluster_plan): the S units of a (head, token block)
 // on the S consecutive CTAs of one cluster, so rank = blockIdx.x % S is the
 // unit's split for every unit a CTA walks, and every (pair, split) is walked
-// once. Cluster counts: an assumed table of a 132-SM part (the launcher asks
+// once. Cluster counts: those the H200 sweep's plans imply (the launcher asks
 // the device), and an empty one.
 using m3qkv::sm90::cluster_plan;
 using m3qkv::sm90::DecodeReduce;
-constexpr int kClusters[m3qkv::sm90::kDecodeMaxCluster + 1] = {0, 0, 66, 42, 32, 24, 20, 16, 16};
+constexpr int kClusters[m3qkv::sm90::kDecodeMaxCluster + 1] = {0, 0, 66, 39, 30, 24, 20, 16, 15};
 constexpr int kNoClusters[m3qkv::sm90::kDecodeMaxCluster + 1] = {};
 
 Plan with_cluster(int64_t m, int heads, int ks, int split, int grid, DecodeReduce mode,
@@ -178,6 +178,9 @@ TEST(DecodePlan, ClusterPlansKeepEachPairOnOneClusterAndFitTheDevice) {
         EXPECT_EQ(p.counter_bytes, 0);
         EXPECT_EQ(p.partial_bytes, 0);
         EXPECT_FALSE(m3qkv::splitk::reduces_through_l2(p));
+        // Several units per cluster only when each is long enough (decode_plan.h kClusterMinUnitStages).
+        const int64_t rounds = (p.units / p.split + p.grid / p.split - 1) / (p.grid / p.split);
+        if (rounds > 1) EXPECT_GE(p.max_unit_stages, m3qkv::sm90::kClusterMinUnitStages);
         std::vector<int> seen(static_cast<size_t>(p.units), 0);
         for (int b = 0; b < p.grid; ++b) {
           int walked = 0;
@@ -204,6 +207,11 @@ TEST(DecodePlan, ClusterPlansKeepEachPairOnOneClusterAndFitTheDevice) {
   const Plan tp4_128 = with_cluster(128, 20, 48, 0, 0, DecodeReduce::kAuto);
   EXPECT_EQ(tp4_128.cluster, 6);
   EXPECT_EQ(tp4_128.grid, 120);
+  // M = 256: 40 pairs; clusters of 8 would walk 3 units of 6 stages each:
+  // the L2 plan instead (split 3 over 120 CTAs).
+  const Plan tp4_256 = with_cluster(256, 20, 48, 0, 0, DecodeReduce::kAuto);
+  EXPECT_EQ(tp4_256.cluster, 0);
+  EXPECT_EQ(tp4_256.split, 3);
   // TP1 (77 heads) at M = 1024: 616 pairs, no split at all.
   EXPECT_EQ(with_cluster(1024, 77, 48, 0, 0, DecodeReduce::kAuto).split, 1);
 }
