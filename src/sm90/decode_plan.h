@@ -58,20 +58,15 @@ inline splitk::Plan plan_decode_memo(int64_t m, int heads, int ks, int num_sms, 
 constexpr int kDecodeMaxCluster = 8;  // portable cluster size
 // The model's terms for the two reductions, in cost_x64 units (1/64 stage,
 // ~0.5 µs a stage on the H200), read off the bench pairs sm90_decode /
-// sm90_decode_l2 and their _xhat forms (one H200 sweep): the L2 tail grows
-// with the block's tokens, ~0.05 µs each (partial stores and loads, one CTA's
-// epilogue of every row; TP2, both plans split 3 over 117 CTAs: +0.8 µs at
-// M = 16 and +6 µs at M = 128 against the cluster); a cluster launch costs
-// ~2 µs once per call (+2.1 µs at M = 1 there); and every unit of a cluster
-// holds all S ranks until the slowest has finished (~2.7 µs a unit at 128
-// tokens: TP4 M = 256, 3 units of 6 stages per cluster, 53 µs against the L2
-// plan's 41), so many short units per cluster lose.
+// sm90_decode_l2 and their _xhat forms (bench/results/h200.json, the plan
+// counters say which plan ran): the L2 tail grows with the block's tokens
+// (partial stores and loads, one CTA's epilogue of every row); a cluster
+// launch costs once per call; every unit of a cluster holds all S ranks until
+// the slowest has finished, so a cluster walking several short units loses to
+// the L2 plan (hence the unit-length floor).
 constexpr int64_t kL2TailPerTokenX64 = 6;
 constexpr int64_t kClusterCallX64 = 280;
 constexpr int64_t kClusterUnitPerTokenX64 = 3;
-// A cluster that walks several units needs units of at least this many
-// stages (same sweep: 6-stage units lost at TP4 M = 256 / 1024 and TP8
-// M = 1024, 12-stage units won at TP4 M = 512).
 constexpr int kClusterMinUnitStages = 12;
 
 enum class DecodeReduce : int { kAuto = 0, kL2 = 1, kCluster = 2 };

@@ -261,7 +261,12 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
 #pragma unroll
       for (int b = 0; b < 2; ++b) T[tile_index(8 * j + 2 * q + b, r0 + 8 * h)] = acc[4 * j + 2 * h + b];
   ptx::bar_sync(kBarrierNamed, kConsumerThreads);
-  if (p.cluster > 1) {  // the cluster's S tiles meet in distributed shared memory
+  // The cluster's S tiles meet in distributed shared memory. The unit's split
+  // w.s is the CTA's %cluster_ctarank: 1-D clusters of consecutive CTAs
+  // (rank = blockIdx.x % S, CUDA programming guide "Thread Block Clusters")
+  // and a grid that is a multiple of S (cluster_plan), checked by the forced
+  // cluster tests' golden bytes.
+  if (p.cluster > 1) {
     splitk::finish_unit_cluster<NT, kConsumerThreads, kBarrierNamed>(
         p, w, t, T, t_smem, owners, b.red_full, b.red_empty, parity, [&] {
           if (t == 0) trace_event(p, kTrArrived);
