@@ -15,6 +15,8 @@
 #   ncu_top.txt      every case's top SASS instructions by stall samples
 #                    (tools/device/ncu_top.py) and the totals per reason
 #   ncu.log          build and console output
+#   ncu_<name>.csv.gz  with NCU_CSV=1: the whole SASS source page (every
+#                    instruction's samples), for reading a kernel's waits
 # Env: ARCHS (default "80;90a": the portable kernels need the 80 target), BUILD (default build-ncu), JOBS (16), NCU_SKIP,
 # M3QKV_BENCH_TARGET_S (default 0.001: a profile needs few iterations).
 set -uo pipefail
@@ -52,5 +54,6 @@ for c in "${CASES[@]}"; do
   "$NCU" -i "$rep.ncu-rep" --page details >>"$OUT/ncu_details.txt" 2>&1
   "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass >"/tmp/ncu_$name.csv" 2>>"$LOG"
   python3 tools/device/ncu_top.py "/tmp/ncu_$name.csv" 60 >>"$OUT/ncu_top.txt" 2>&1
+  [[ -n "${NCU_CSV:-}" ]] && gzip -c "/tmp/ncu_$name.csv" >"$OUT/ncu_$name.csv.gz"
 done
 echo "done" >>"$LOG"
