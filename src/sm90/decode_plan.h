@@ -91,7 +91,8 @@ inline splitk::Plan cluster_plan(const splitk::Plan& l2, int64_t m, int heads, i
     if (nc > pairs) nc = pairs;
     if (nc < 1) continue;
     const int64_t rounds = (pairs + nc - 1) / nc;
-    if (rounds > 1 && (ks + S - 1) / S < kClusterMinUnitStages) continue;
+    // A preference of the model, not a limit: a forced cluster plan (kCluster) may walk short units.
+    if (mode == DecodeReduce::kAuto && rounds > 1 && (ks + S - 1) / S < kClusterMinUnitStages) continue;
     // cost_x64's terms (stages, the per-unit hand-off), the unit's lockstep end, the launch.
     const int64_t tokens = m < l2.nt ? m : l2.nt;
     const int64_t cost =

@@ -232,6 +232,12 @@ TEST(DecodePlan, ClusterPlanModesAndLimits) {
   EXPECT_EQ(with_cluster(1, 20, 48, 2, 0, DecodeReduce::kCluster).grid, 40);
   EXPECT_EQ(with_cluster(1, 20, 48, 16, 0, DecodeReduce::kCluster).cluster, 0);
   EXPECT_EQ(with_cluster(1, 20, 48, 1, 0, DecodeReduce::kCluster).cluster, 0);
+  // The unit-length floor is the model's preference, not a limit: forced, clusters walk
+  // short units too (TP1 M = 7, K = 2048: 77 pairs on 30 clusters of 4, 4 stages each;
+  // TP4 K = 2048 on 3 clusters of 2), where the automatic plan goes through L2.
+  EXPECT_EQ(with_cluster(7, 77, 16, 4, 0, DecodeReduce::kCluster).cluster, 4);
+  EXPECT_EQ(with_cluster(7, 77, 16, 4, 0, DecodeReduce::kAuto).cluster, 0);
+  EXPECT_EQ(with_cluster(1, 20, 16, 2, 7, DecodeReduce::kCluster).cluster, 2);
   // The grid cap counts CTAs: 7 -> 3 clusters of 2 that walk every pair; 1 -> none.
   const Plan capped = with_cluster(64, 20, 48, 2, 7, DecodeReduce::kCluster);
   EXPECT_EQ(capped.cluster, 2);
