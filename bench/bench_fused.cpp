@@ -1428,15 +1428,15 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
             bench_sm90_path(st, true, m3qkv::kSm90DecodeXTransform, m3qkv::kSm90DecodeReduceL2);
           });
         }
-        if (crossover) {
+        if (crossover || m <= 16) {  // the transform's crossover at small M (kSwapAbTransformMaxM)
           add("sm90_decode_xhat", h, m, [](benchmark::State& st) {
             bench_sm90_path(st, true, m3qkv::kSm90DecodeXConverted);
           });
           add("sm90_decode_xhat_l2", h, m, [](benchmark::State& st) {
             bench_sm90_path(st, true, m3qkv::kSm90DecodeXConverted, m3qkv::kSm90DecodeReduceL2);
           });
-          add("sm90_tile", h, m, [](benchmark::State& st) { bench_sm90_path(st, false); });
         }
+        if (crossover) add("sm90_tile", h, m, [](benchmark::State& st) { bench_sm90_path(st, false); });
       }
       // Prefill step 1 (issue 11): variant A with and without the activations
       // pre-converted, on the same plan (128-row tiles forced), every TP, M >= 512

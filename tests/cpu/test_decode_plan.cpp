@@ -509,7 +509,8 @@ TEST(Sm100DecodeLayout, ConfigBudgets) {
 }  // namespace
 
 // The routing rule (decode_plan.h): bf16 activations at every M, MXFP8 up to
-// 511 tokens (converted once per call above 32).
+// 511 tokens (converted once per call above 32, and at M <= 4 where a CTA
+// walks >= 12 stages).
 TEST(DecodePlan, RoutingBf16EveryMMxfp8SmallM) {
   using m3qkv::sm90::decode_preferred;
   for (int heads : {12, 20, 39, 77}) {
@@ -517,8 +518,17 @@ TEST(DecodePlan, RoutingBf16EveryMMxfp8SmallM) {
       EXPECT_TRUE(decode_preferred(m, heads, true)) << m;
     for (int64_t m : {1, 2, 16, 32, 33, 64, 256, 511}) EXPECT_TRUE(decode_preferred(m, heads, false)) << m;
     for (int64_t m : {512, 1024, 4096}) EXPECT_FALSE(decode_preferred(m, heads, false)) << m;
-    for (int64_t m : {1, 16, 32}) EXPECT_FALSE(m3qkv::sm90::decode_converts_x(m)) << m;
-    for (int64_t m : {33, 256, 511}) EXPECT_TRUE(m3qkv::sm90::decode_converts_x(m)) << m;
+    for (int64_t m : {16, 32})
+      EXPECT_FALSE(m3qkv::sm90::decode_converts_x(m, m3qkv::sm90::plan_decode(m, heads, 48, 132))) << m;
+    for (int64_t m : {33, 256, 511})
+      EXPECT_TRUE(m3qkv::sm90::decode_converts_x(m, m3qkv::sm90::plan_decode(m, heads, 48, 132))) << m;
+    // M <= 4: once per call where a CTA walks >= 12 stages (TP1 / TP2 at K = 6144), else
+    // in the kernel (TP4 / TP8).
+    for (int64_t m : {1, 4}) {
+      const m3qkv::splitk::Plan pl = m3qkv::sm90::plan_decode(m, heads, 48, 132);
+      const int64_t per_cta = (pl.units + pl.grid - 1) / pl.grid * pl.max_unit_stages;
+      EXPECT_EQ(m3qkv::sm90::decode_converts_x(m, pl), heads >= 39) << m << " " << heads << " " << per_cta;
+    }
     for (bool b : {false, true}) {
       EXPECT_FALSE(decode_preferred(0, heads, b));
       EXPECT_FALSE(decode_preferred(kDecodeMaxM + 1, heads, b));

@@ -231,7 +231,8 @@ TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
   ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads, false) && m3qkv::sm90_uses_decode(4096, heads, true));
   ASSERT_FALSE(m3qkv::sm90_uses_decode(m3qkv::sm90::kSwapAbMaxMxfp8M + 1, heads, false) ||
                m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1, heads, true));
-  ASSERT_TRUE(!m3qkv::sm90::decode_converts_x(32) && m3qkv::sm90::decode_converts_x(33));
+  ASSERT_TRUE(!m3qkv::sm90::decode_converts_x(32, m3qkv::sm90::plan_decode(32, heads, 48, 132)) &&
+              m3qkv::sm90::decode_converts_x(33, m3qkv::sm90::plan_decode(33, heads, 48, 132)));
   for (int64_t m : {3, 64, 256, 600, 1300}) {
     const Problem p = make_problem(config(kTP4, m, 1024, /*exact=*/true, 16));
     const std::vector<float> acc = golden_acc(p);
