@@ -21,6 +21,7 @@
 #include "common/numerics.h"
 #include "common/slot_owners.cuh"
 #include "common/splitk_plan.h"
+#include "ptx/atomic.cuh"
 #include "ptx/barrier.cuh"
 #include "ptx/cluster.cuh"
 #include "ptx/mbarrier.cuh"
@@ -48,13 +49,22 @@ struct TileRow {
   static constexpr bool kSumsFromLanes = false;
 };
 
+// The steps of a unit's end that `mark(step)` reports (every thread of the
+// group calls it; the SM90 kernel's timeline stamps them, others pass a no-op).
+enum Mark : int {
+  kMarkArrived = 0,  // the unit is counted (L2 plans) or its cluster's tiles are ready
+  kMarkSummed = 1,   // the last arriver: the S partials summed into T
+  kMarkOwners = 2,   // the last arriver: the slot-owner table built (epilogue inputs next)
+};
+
 // The epilogue of the block's token rows n = n0 + stride·i, i < rows, summed
 // in T (the last arriver: the whole block, n0 = 0, stride 1, rows = its
 // tokens; a cluster rank: its share). Called by the group's kThreads threads;
 // builds the block's slot-owner table first (bar.sync kBarrier inside).
-template <int NT, int kThreads, uint32_t kBarrier, bool kSpread, class P>
+template <int NT, int kThreads, uint32_t kBarrier, bool kSpread, class P, class MarkFn>
 __device__ __forceinline__ void epilogue_rows(const P& p, const Unit& w, int t, float* T,
-                                              epi::SlotOwnerTable<NT>* owners, int n0, int stride, int rows) {
+                                              epi::SlotOwnerTable<NT>* owners, int n0, int stride, int rows,
+                                              MarkFn&& mark) {
   const int q = t % 4;
   if constexpr (!kSpread) n0 = 0, stride = 1;  // the last arriver's form, as its registers were fitted to
   {
@@ -66,6 +76,7 @@ __device__ __forceinline__ void epilogue_rows(const P& p, const Unit& w, int t, 
                              static_cast<int64_t>(w.tb) * NT, NT, t, kThreads, [] { ptx::bar_sync(kBarrier, kThreads); });
     }
   }
+  mark(kMarkOwners);
   const epi::SlotOwners own = owners->view();
   if (rows <= kThreads / 32) {
     // Epilogue of a block with at most one token row per warp (decode at
@@ -120,17 +131,17 @@ __device__ __forceinline__ void epilogue_rows(const P& p, const Unit& w, int t, 
 // ([units][NT][128] f32 slots), acc_tap (test only: f32 [M, n] or null), n
 // and epi. `skip_split` (test only, -1 = none): the last arriver leaves that
 // split's partial out of the sum (the negative test of the bookkeeping).
-// `on_arrived()` runs in every thread once the unit is counted (split > 1;
-// timeline hook). Returns whether this unit was the last arriver; ends with a barrier
-// after which T may be overwritten.
+// `mark(step)` runs in every thread at each Mark step (timeline hook).
+// Returns whether this unit was the last arriver; ends with a barrier after
+// which T may be overwritten.
 // `owners`: the group's slot-owner table (shared memory), filled by the last
 // arriver for its token block before the epilogue. kItems × kBatch: the
 // partial loads each thread of the last arriver keeps in flight (float4s;
 // as many as the kernel's registers allow without spilling).
-template <int NT, int kThreads, uint32_t kBarrier, int kItems = 1, int kBatch = 4, class P, class OnArrived>
+template <int NT, int kThreads, uint32_t kBarrier, int kItems = 1, int kBatch = 4, class P, class MarkFn>
 __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, int t, float* T,
                                             epi::SlotOwnerTable<NT>* owners, volatile uint32_t* flag, int skip_split,
-                                            OnArrived&& on_arrived) {
+                                            MarkFn&& mark) {
   static_assert(kThreads % 32 == 0 && NT % 8 == 0, "whole warps; quads cover 8-token groups");
   const int mt = min(NT, p.m - w.tb * NT);  // tokens of this block
   bool last = true;
@@ -142,21 +153,20 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
     }
     ptx::bar_sync(kBarrier, kThreads);
     if (t == 0) {
-      // One device-scope fence covers the whole group's partial stores: the
-      // barrier above orders them before it (PTX memory model: fences are
-      // cumulative), then the arrival; the second fence orders the arrival
-      // before the reads of the other units' partials.
-      __threadfence();
       uint32_t* counter = p.counters + w.head * p.token_blocks + w.tb;
-      const uint32_t arrived = atomicAdd(counter, 1u);
+      // One acq_rel arrival: its release covers the whole group's partial
+      // stores (the barrier above orders them before it; PTX memory model:
+      // release is cumulative), its acquire the reads of the other units'
+      // partials after the barrier below: one fence (MEMBAR.ALL.GPU), not the
+      // two sequentially consistent ones of __threadfence around an add.
+      const uint32_t arrived = ptx::atom_add_acq_rel_gpu_u32(counter, 1u);
       const bool is_last = arrived == static_cast<uint32_t>(p.split - 1);
       if (is_last) *counter = 0u;  // ready for the next launch (stream-ordered after this one)
-      __threadfence();
       *flag = is_last ? 1u : 0u;
     }
     ptx::bar_sync(kBarrier, kThreads);
     last = *flag != 0u;
-    on_arrived();
+    mark(kMarkArrived);
     if (last) {
       const float* base = p.partials + static_cast<int64_t>(u - w.s) * NT * kHeadCols;
       // Every float4 item's S partials, summed in the fixed order s = 0, 1,
@@ -244,9 +254,10 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
         }
       }
       ptx::bar_sync(kBarrier, kThreads);
+      mark(kMarkSummed);
     }
   }
-  if (last) epilogue_rows<NT, kThreads, kBarrier, /*kSpread=*/false>(p, w, t, T, owners, 0, 1, mt);
+  if (last) epilogue_rows<NT, kThreads, kBarrier, /*kSpread=*/false>(p, w, t, T, owners, 0, 1, mt, mark);
   // T is reused by the next unit.
   ptx::bar_sync(kBarrier, kThreads);
   return last;
@@ -267,10 +278,10 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
 // peer's red_empty; the epilogue; the group waits its red_empty before T may
 // be overwritten. A peer's next red_full arrival comes after that wait, so no
 // phase is overtaken.
-template <int NT, int kThreads, uint32_t kBarrier, class P, class OnArrived>
+template <int NT, int kThreads, uint32_t kBarrier, class P, class MarkFn>
 __device__ __forceinline__ void finish_unit_cluster(const P& p, const Unit& w, int t, float* T, uint32_t t_smem,
                                                     epi::SlotOwnerTable<NT>* owners, uint32_t red_full,
-                                                    uint32_t red_empty, uint32_t parity, OnArrived&& on_arrived) {
+                                                    uint32_t red_empty, uint32_t parity, MarkFn&& mark) {
   constexpr int kBatch = 4;
   const int S = p.split;
   const uint32_t rank = static_cast<uint32_t>(w.s);
@@ -278,7 +289,7 @@ __device__ __forceinline__ void finish_unit_cluster(const P& p, const Unit& w, i
     for (int r = 0; r < S; ++r)
       if (static_cast<uint32_t>(r) != rank) ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_full, r));
   ptx::mbarrier_wait_cluster(red_full, parity);
-  on_arrived();
+  mark(kMarkArrived);
   const int mt = min(NT, p.m - w.tb * NT);
   const int rows = mt > w.s ? (mt - w.s + S - 1) / S : 0;  // this rank's token rows
   for (int i = t; i < rows * (kHeadCols / 4); i += kThreads) {
@@ -307,7 +318,8 @@ __device__ __forceinline__ void finish_unit_cluster(const P& p, const Unit& w, i
   if (t == 0)
     for (int r = 0; r < S; ++r)
       if (static_cast<uint32_t>(r) != rank) ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_empty, r));
-  if (rows > 0) epilogue_rows<NT, kThreads, kBarrier, /*kSpread=*/true>(p, w, t, T, owners, w.s, S, rows);
+  mark(kMarkSummed);
+  if (rows > 0) epilogue_rows<NT, kThreads, kBarrier, /*kSpread=*/true>(p, w, t, T, owners, w.s, S, rows, mark);
   ptx::mbarrier_wait_cluster(red_empty, parity);
   // T is reused by the next unit.
   ptx::bar_sync(kBarrier, kThreads);

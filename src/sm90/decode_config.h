@@ -73,18 +73,21 @@ constexpr int kXE4m3 = 1;  // xq (e4m3) + xsf: one TMA box of 128 K, the scale c
 constexpr int kXBf16 = 2;  // x_bf16: two TMA boxes of 64 K (128 B each), no scales
 
 // Test-only timeline (decode_set_trace): one %globaltimer stamp per event and
-// CTA; "last" events are taken on the CTA's last unit.
+// CTA; "last" events are taken on the CTA's last unit (kTrArrived + a
+// splitk::Mark step: the split-K end's steps, in order).
 enum TraceEvent : int {
   kTrEntry = 0,      // kernel entry (thread 0)
   kTrSetup,          // producer: barriers initialized, registers moved (before the tensor-map prefetch)
   kTrPdlDone,        // producer: after griddepcontrol.wait
   kTrFirstFull,      // consumer thread 0: first stage landed
   kTrMainDone,       // consumer thread 0: last unit's mainloop (wgmma) done
-  kTrArrived,        // consumer thread 0: last unit's partial stored and counted
+  kTrArrived,        // consumer thread 0: last unit's partial stored and counted (splitk::kMarkArrived)
+  kTrSummed,         // the same, last arriver: partials summed (splitk::kMarkSummed)
+  kTrOwners,         // the same, last arriver: slot-owner table built (splitk::kMarkOwners)
   kTrEpiDone,        // consumer thread 0: last unit finished (reduction + epilogue if last arriver)
   kTrUnits,          // value: units this CTA walked
   kTrLastArrivals,   // value: units for which this CTA was the last arriver
-  kTraceEvents = 10
+  kTraceEvents = 12
 };
 
 template <int NT, int XB>

@@ -19,11 +19,7 @@ constexpr int64_t kDecodeMaxM = (int64_t{1} << 31) - 256;
 // only SM90 kernel that reads them); MXFP8 activations take it up to
 // kSwapAbMaxMxfp8M tokens, converted by its transform warps up to
 // kSwapAbTransformMaxM and once per call above (decode_converts_x: the
-// transform warps would convert them again for every head; also at M <=
-// kSwapAbConvertSmallMaxM where a CTA walks kConvertMinStagesPerCta stages or
-// more: the transform's per-stage hand-off then outweighs the conversion
-// launch, the pair sm90_decode / sm90_decode_xhat at TP1 / TP2 against TP4 /
-// TP8), and the pre-A /
+// transform warps would convert them again for every head), and the pre-A /
 // prefill tile kernels from 512 tokens, where the swap-AB plan leaves SMs idle
 // (e.g. TP4 M = 512: 80 (head, token block) pairs on 132 SMs).
 constexpr int64_t kSwapAbTransformMaxM = 32;
@@ -32,14 +28,7 @@ constexpr bool decode_preferred(int64_t m, int heads, bool x_bf16) {
   if (m < 1 || m > kDecodeMaxM || heads < 1) return false;
   return x_bf16 || m <= kSwapAbMaxMxfp8M;
 }
-constexpr int64_t kSwapAbConvertSmallMaxM = 4;
-constexpr int64_t kConvertMinStagesPerCta = 12;
-// plan: the decode plan for these m tokens (its ceil(units / grid) · max_unit_stages per CTA).
-inline bool decode_converts_x(int64_t m, const splitk::Plan& plan) {
-  const int64_t stages_per_cta =
-      plan.grid > 0 ? (plan.units + plan.grid - 1) / plan.grid * plan.max_unit_stages : 0;
-  return m > kSwapAbTransformMaxM || (m <= kSwapAbConvertSmallMaxM && stages_per_cta >= kConvertMinStagesPerCta);
-}
+constexpr bool decode_converts_x(int64_t m) { return m > kSwapAbTransformMaxM; }
 // Most splits the plan considers (a unit is at least one 128-K stage).
 constexpr int kDecodeMaxSplit = 64;
 // Token blocks = the wgmma N the kernel is instantiated for; no busy-SM rule

@@ -197,8 +197,8 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
                smem_s + C::kBarOff + C::kTFreeOff,  0u, 0u};
   const int tt = static_cast<int>(threadIdx.x) - kTransformWarp0 * 32;  // 0 .. kTransformThreads-1
   constexpr int kTasks = NT * (kBK / 16);                             // (token, 16-B unit of its row)
-  // Trip counts are warp-uniform: kTasks and kTransformThreads are multiples of 32.
-  static_assert(kTasks % 32 == 0 && kTransformThreads % 32 == 0, "warp-uniform task loop");
+  static_assert(kTasks % 32 == 0 && kTransformThreads % 32 == 0, "a full block's task loop is warp-uniform");
+  const int lane = tt % 32;
   Ring<C::kStages> ring;
   Ring<C::kBSlots> bring;  // B slot of the stage and the parity of its use
   uint32_t tfree_parity = 0;
@@ -209,6 +209,12 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
     const int tb = static_cast<int>(uu % static_cast<uint32_t>(p.token_blocks));
     const int k0 = splitk::k0(p.k_stages, static_cast<int>(split_s), p.split);
     const int k1 = splitk::k0(p.k_stages, static_cast<int>(split_s) + 1, p.split);
+    // Only the block's tokens are converted: a B column past them feeds only
+    // accumulator columns nobody reads (the columns of a product are
+    // independent), so its stale bytes may stay: at M = 1 a stage is 8
+    // tasks, not 128.
+    const int mt = min(NT, p.m - tb * NT);
+    const int tasks = mt * (kBK / 16);
     // T (the previous unit's reduction tile) aliases the B ring.
     if (u != static_cast<int>(blockIdx.x)) {
       ptx::mbarrier_wait(b.tfree, tfree_parity);
@@ -220,16 +226,28 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
       ptx::mbarrier_wait(b.full0 + 8 * ring.idx, ring.phase);
       ptx::mbarrier_wait(b.bempty0 + 8 * slot, bring.phase ^ 1u);
       const uint32_t bslot = smem_s + C::kRingOff + slot * C::kBSlotBytes;
-#pragma unroll 2
-      for (int k = tt; k < kTasks; k += kTransformThreads) {
-        const int n = k % NT, unit = k / NT;  // consecutive lanes: consecutive tokens (bank groups)
+      // One task: 16 activations of token n, 16-B unit `unit` (all lanes call
+      // it: the scale choice is a warp vote; `live` = the lane has a task).
+      auto task = [&](int n, int unit, bool live) {
         const uint32_t sx = ptx::ld_shared_b32(st + C::kXsfOff + f8_128x4_chunk_word((tb * NT) % 128 + n));
         // Scales above 2^7 need a second multiply: a warp-uniform choice
         // (MXFP8 scales sit near 2^-8).
-        if (__any_sync(0xffffffffu, any_big_scale(sx)))
+        const bool big = __any_sync(0xffffffffu, live && any_big_scale(sx));
+        if (!live) return;
+        if (big)
           convert_x_task<true>(st + C::kXOff, bslot, C::kBBufBytes, n, unit, sx);
         else
           convert_x_task<false>(st + C::kXOff, bslot, C::kBBufBytes, n, unit, sx);
+      };
+      // Consecutive lanes: consecutive tokens (bank groups).
+      if (mt == NT) {
+#pragma unroll 2
+        for (int k = tt; k < kTasks; k += kTransformThreads) task(k % NT, k / NT, true);
+      } else {
+        for (int kw = tt - lane; kw < tasks; kw += kTransformThreads) {  // warp-uniform trip count
+          const int k = kw + lane < tasks ? kw + lane : 0;
+          task(k % mt, k / mt, kw + lane < tasks);
+        }
       }
       // Generic-proxy stores read next by wgmma (async proxy): fence in every
       // writing thread before its release.
@@ -261,6 +279,11 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
 #pragma unroll
       for (int b = 0; b < 2; ++b) T[tile_index(8 * j + 2 * q + b, r0 + 8 * h)] = acc[4 * j + 2 * h + b];
   ptx::bar_sync(kBarrierNamed, kConsumerThreads);
+  static_assert(kTrSummed == kTrArrived + splitk::kMarkSummed && kTrOwners == kTrArrived + splitk::kMarkOwners,
+                "trace events in splitk::Mark order");
+  const auto mark = [&](int step) {  // timeline: splitk::Mark steps as trace events
+    if (t == 0) trace_event(p, kTrArrived + step);
+  };
   // The cluster's S tiles meet in distributed shared memory. The unit's split
   // w.s is the CTA's %cluster_ctarank: 1-D clusters of consecutive CTAs
   // (rank = blockIdx.x % S, CUDA programming guide "Thread Block Clusters")
@@ -268,16 +291,15 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
   // cluster tests' golden bytes.
   if (p.cluster > 1) {
     splitk::finish_unit_cluster<NT, kConsumerThreads, kBarrierNamed>(
-        p, w, t, T, t_smem, owners, b.red_full, b.red_empty, parity, [&] {
-          if (t == 0) trace_event(p, kTrArrived);
-        });
+        p, w, t, T, t_smem, owners, b.red_full, b.red_empty, parity, mark);
     return w.s == 0;
   }
-  // Four items × four splits of partial loads in flight: no spill within the 168 registers.
-  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed, 4, 4>(p, w, u, t, T, owners, flag,
-                                                                        /*skip_split=*/-1, [&] {
-                                                                          if (t == 0) trace_event(p, kTrArrived);
-                                                                        });
+  // Sixteen partial loads in flight per thread (no spill within the 168
+  // registers): at NT <= 32, 2 items × 8 splits, so a last arriver of up to 8
+  // splits waits one L2 round trip for its partials, not two; above, 4 × 4.
+  constexpr int kItems = NT <= 32 ? 2 : 4;
+  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed, kItems, 16 / kItems>(p, w, u, t, T, owners, flag,
+                                                                                      /*skip_split=*/-1, mark);
 }
 
 // One stage of the consumers, one 64-K step at a time with two A sets (one

@@ -146,7 +146,7 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   // MXFP8 activations converted once per call (x̂ in the launch workspace,
   // then the bf16 instance) where sm90::decode_converts_x says, or as asked.
   const bool convert = activations_bf16(a) == nullptr &&
-                       (x_path == kSm90DecodeXConverted || (x_path == kSm90DecodeXAuto && sm90::decode_converts_x(a.m, plan)));
+                       (x_path == kSm90DecodeXConverted || (x_path == kSm90DecodeXAuto && sm90::decode_converts_x(a.m)));
   host::WorkspaceLease lease;  // through the launch
   host::SplitkBuffers ws;
   void* xhat = nullptr;

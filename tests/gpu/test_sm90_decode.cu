@@ -231,8 +231,7 @@ TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
   ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads, false) && m3qkv::sm90_uses_decode(4096, heads, true));
   ASSERT_FALSE(m3qkv::sm90_uses_decode(m3qkv::sm90::kSwapAbMaxMxfp8M + 1, heads, false) ||
                m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1, heads, true));
-  ASSERT_TRUE(!m3qkv::sm90::decode_converts_x(32, m3qkv::sm90::plan_decode(32, heads, 48, 132)) &&
-              m3qkv::sm90::decode_converts_x(33, m3qkv::sm90::plan_decode(33, heads, 48, 132)));
+  ASSERT_TRUE(!m3qkv::sm90::decode_converts_x(32) && m3qkv::sm90::decode_converts_x(33));
   for (int64_t m : {3, 64, 256, 600, 1300}) {
     const Problem p = make_problem(config(kTP4, m, 1024, /*exact=*/true, 16));
     const std::vector<float> acc = golden_acc(p);
@@ -437,7 +436,8 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
   CUDA_OK(trace.error());
   DeviceBuffer flush(size_t(256) << 20);  // > 50 MiB L2
   CUDA_OK(flush.error());
-  const char* names[] = {"entry", "setup", "pdl_done", "first_full", "main_done", "arrived", "unit_done"};
+  const char* names[] = {"entry", "setup", "pdl_done", "first_full", "main_done", "arrived", "summed", "owners",
+                         "unit_done"};
   struct Case {
     Heads h;
     int64_t m;
@@ -497,8 +497,10 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
       if (plan.units == plan.grid)
         for (int k = 0; k < kCtas; ++k)
           if (at(k, dec::kTrEntry) != 0 && at(k, dec::kTrLastArrivals) != 0)
-            std::printf("[ trace ]   last arriver CTA %3d head %2lld: arrived %7.2f  done %7.2f us\n", k,
-                        static_cast<long long>(k / plan.split), 1e-3 * double(at(k, dec::kTrArrived) - t0),
+            std::printf("[ trace ]   last arriver CTA %3d head %2lld: arrived %7.2f  summed %7.2f  owners %7.2f  "
+                        "done %7.2f us\n",
+                        k, static_cast<long long>(k / plan.split), 1e-3 * double(at(k, dec::kTrArrived) - t0),
+                        1e-3 * double(at(k, dec::kTrSummed) - t0), 1e-3 * double(at(k, dec::kTrOwners) - t0),
                         1e-3 * double(at(k, dec::kTrEpiDone) - t0));
       for (int ev = 0; ev <= dec::kTrEpiDone; ++ev) {
         std::vector<double> v;
