@@ -165,7 +165,7 @@ __device__ __forceinline__ void produce_fast(const KernelParams& p, const FastRo
   const uint32_t xoff = static_cast<uint32_t>(r.rh * xrows * kSwizzleBytes);
   const uint32_t woff = static_cast<uint32_t>(r.rm * wrows * kSwizzleBytes);
   const int step = static_cast<int>(gridDim.x) / r.csize;
-  PipeState<ff::kStages> st;
+  Ring<ff::kStages> st;
   for (int t = static_cast<int>(blockIdx.x) / r.csize; t < cluster_tiles(p); t += step) {
     const FastTile ft = fast_tile(p, r, t);
     const uint8_t* sx = p.xsf + static_cast<int64_t>(min(ft.tl.mb, p.m_blocks - 1)) * p.k_stages * ff::kSxBytes;
@@ -205,7 +205,7 @@ __device__ __forceinline__ void produce_fast(const KernelParams& p, const FastRo
 // warpgroup's wgmma while the other promotes (woken by one full barrier,
 // both would otherwise multiply, then both promote). `turns` counts this
 // warpgroup's issued stages over the kernel.
-__device__ __forceinline__ void mainloop_fast(float (&acc)[64], PipeState<ff::kStages>& bs, int cw, const FastRole& r,
+__device__ __forceinline__ void mainloop_fast(float (&acc)[64], Ring<ff::kStages>& bs, int cw, const FastRole& r,
                                               uint32_t a0, uint32_t b0, const float* sx0, const float* sw0,
                                               uint32_t full0, uint32_t empty0, const KernelParams& p,
                                               bool trace_first, uint32_t& turns) {
@@ -331,7 +331,7 @@ __global__ void __launch_bounds__(ff::kThreads, 1)
     ptx::setmaxnreg_inc<ff::kConsumerRegs>();
     const int cw = wg - 1;
     const bool cons_t0 = threadIdx.x == kWarpgroup;
-    PipeState<ff::kStages> bs;
+    Ring<ff::kStages> bs;
     float acc[64];
     uint32_t ho_phase = 0, turns = 0;
     for (int t = first; t < cluster_tiles(p); t += step) {

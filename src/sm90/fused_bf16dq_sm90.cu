@@ -236,8 +236,8 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kSplit, kPreA>::kLaunchBound,
     // of row r of the B tile and, when r < BM, of row r of the A tile.
     const int r = threadIdx.x % kWarpgroup;
     const int xpart = wg - 1;  // which chunks of the row (kXf = 2: halves)
-    PipeState<C::kRawStages> rs;
-    PipeState<C::kBfStages> bs;
+    Ring<C::kRawStages> rs;
+    Ring<C::kBfStages> bs;
     for (int ti = wk.first; ti < p.num_tiles; ti += wk.step) {
       const Tile tl = tile_of(p, ti);
       const int sfa_off = kPreA ? 0 : f8_128x4_chunk_word(sf_chunk_row<kBM>(tl.mb, r < kBM ? r : 0));
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(Bf16DqCfg<kCons, kSplit, kPreA>::kLaunchBound,
     ptx::setmaxnreg_inc<C::kConsumerRegs>();
     const int cw = wg - 1 - C::kXf;
     const bool cons_t0 = threadIdx.x == (1 + C::kXf) * kWarpgroup;  // first consumer thread
-    PipeState<C::kBfStages> bs;
+    Ring<C::kBfStages> bs;
     float acc[64];
     uint32_t red_phase = 0;
     for (int ti = wk.first; ti < p.num_tiles; ti += wk.step) {

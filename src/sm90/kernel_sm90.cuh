@@ -18,6 +18,7 @@
 #include "common/epilogue.cuh"
 #include "common/layouts.h"
 #include "common/numerics.h"
+#include "common/ring.h"
 #include "common/trace.cuh"
 #include "host/launch.h"
 #include "ptx/cluster.cuh"
@@ -121,18 +122,6 @@ __device__ __forceinline__ Work work_of(const KernelParams& p, uint32_t rank) {
   return w;
 }
 
-// Ring-buffer position of a pipeline (stage index + phase parity).
-template <int kStages>
-struct PipeState {
-  uint32_t idx = 0, phase = 0;
-  __device__ __forceinline__ void advance() {
-    if (++idx == kStages) {
-      idx = 0;
-      phase ^= 1u;
-    }
-  }
-};
-
 // Row of the 512-byte F8_128x4 scale chunk a tile row reads: the chunk covers
 // 128 rows; a 64-row tile (BM = 64) uses its half selected by the block parity
 // (the row's 4 scale bytes: f8_128x4_chunk_word, common/layouts.h).
@@ -153,7 +142,7 @@ __device__ __forceinline__ void produce(const KernelParams& p, const Work& wk, c
                                         uint32_t empty0) {
   constexpr uint32_t kABytes = kBM * kBK, kBBytes = kBN * kBK;
   constexpr uint32_t kTx = (kWithA ? kABytes + kSfChunk : 0u) + kBBytes + kSfChunk;
-  PipeState<kStages> st;
+  Ring<kStages> st;
   for (int t = wk.first; t < p.num_tiles; t += wk.step) {
     const Tile tl = tile_of(p, t);
     const uint8_t* sfa = p.xsf + static_cast<int64_t>((tl.mb * kBM) / 128) * p.k_stages * kSfChunk;
@@ -187,7 +176,7 @@ __device__ __forceinline__ void produce_bf16(const KernelParams& p, const Work& 
                                              uint32_t empty0) {
   constexpr uint32_t kABytes = kBM * kSwizzleBytes, kBBytes = kBN * kSwizzleBytes;
   const uint32_t tx = kABytes + (tmap_wbf != nullptr ? kBBytes : 0u);
-  PipeState<kStages> st;
+  Ring<kStages> st;
   for (int t = wk.first; t < p.num_tiles; t += wk.step) {
     const Tile tl = tile_of(p, t);
     for (int s = 2 * wk.k0; s < 2 * wk.k1; ++s) {
@@ -217,7 +206,7 @@ __device__ __forceinline__ void fence_acc(float (&d)[64]) {
 // wgmma stays in flight. The accumulator starts from zero (scale_d = 0 on the
 // first k16), which also ends the previous tile's live range.
 template <int kBfStages>
-__device__ __forceinline__ void mainloop_bf16(float (&acc)[64], PipeState<kBfStages>& bs, int n_bf, uint32_t a0,
+__device__ __forceinline__ void mainloop_bf16(float (&acc)[64], Ring<kBfStages>& bs, int n_bf, uint32_t a0,
                                               uint32_t a_bytes, uint32_t b0, uint32_t b_bytes, uint32_t full0,
                                               uint32_t empty0, const KernelParams& p, bool trace_first) {
   const int l = threadIdx.x % 32;

@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(pf::kThreads, 1)
     ptx::setmaxnreg_inc<pf::kConsumerRegs>();
     const int cw = wg - 1;
     const bool cons_t0 = threadIdx.x == kWarpgroup;  // first consumer thread
-    PipeState<pf::kStages> bs;
+    Ring<pf::kStages> bs;
     float acc[64];
     uint32_t ho_phase = 0;
     for (int ti = blockIdx.x; ti < p.num_tiles; ti += gridDim.x) {
