@@ -1,7 +1,8 @@
-// The native Hopper kernel (src/sm90) on a CC 9.0 device, both MX mainloop
-// variants (A: bf16 dequant, B: fp8 wgmma + promotion), called through the
-// backend entry m3qkv::sm90_fused_variant (so it runs before the API routes
-// CC 9.0 to SM90). Skipped on any other device.
+// The SM90 tile kernels (src/sm90) on a CC 9.0 device: variant A (bf16
+// dequant), its form on activations converted once per call and the prefill
+// kernel, called through the backend entry m3qkv::sm90_fused_variant (which
+// also reaches the instances the automatic route does not take). Skipped on
+// any other device. The swap-AB kernel: test_sm90_decode.cu.
 //
 //  - Sm90Exact: exact data (acc exact on any hardware), TP1/TP2/TP4/TP8/dense x
 //    M in {1, 64, 129, 2048}: every output byte equal to the golden model with
@@ -13,8 +14,8 @@
 //    (reported), epilogue bit-exact on the kernel's own accumulator.
 //  - Sm90Dequant: the variant-A e4m3·2^e -> bf16 integer dequantizer against
 //    the exact product on all 256 x 256 (byte, scale) pairs.
-//  - Sm90Api: m3qkv_testing_fused_qkv forced to SM90 (skipped while the API
-//    does not offer the backend).
+//  - Sm90Api: m3qkv_testing_fused_qkv forced to SM90 (skipped in a build
+//    without the SM90 kernel).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -648,7 +649,7 @@ TEST(Sm90Api, ForcedBackendMatchesGolden_TP4_M129) {
   CUDA_OK(s.error());
   const m3qkv_status st = m3qkv_testing_fused_qkv(&a, nullptr, M3QKV_BACKEND_SM90, s.get());
   if (st == M3QKV_ERROR_UNSUPPORTED_DEVICE)
-    GTEST_SKIP() << "the API does not offer the SM90 backend yet (M3QKV_HAVE_SM90_KERNEL undefined): "
+    GTEST_SKIP() << "this build has no SM90 kernel (M3QKV_HAVE_SM90_KERNEL undefined): "
                  << m3qkv_last_error();
   ASSERT_EQ(st, M3QKV_SUCCESS) << m3qkv_last_error();
   CUDA_OK(cudaStreamSynchronize(s.get()));
