@@ -1428,7 +1428,7 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
             bench_sm90_path(st, true, m3qkv::kSm90DecodeXTransform, m3qkv::kSm90DecodeReduceL2);
           });
         }
-        if (crossover || m <= 16) {  // at M <= 16: the transform warps against converted activations (decode_converts_x)
+        if (crossover || m <= 16) {  // M <= 16: transform warps vs converted x (decode_converts_x)
           add("sm90_decode_xhat", h, m, [](benchmark::State& st) {
             bench_sm90_path(st, true, m3qkv::kSm90DecodeXConverted);
           });

@@ -56,6 +56,8 @@ constexpr bool reduces_through_l2(const Plan& p) { return p.split > 1 && p.clust
 
 // Stage range [k0, k1) of split s of S over ks stages (balanced: sizes differ by at most one).
 constexpr int k0(int ks, int s, int S) { return static_cast<int>(static_cast<int64_t>(ks) * s / S); }
+// Tokens of token block tb (nt wide) in a call of m tokens (the decode kernels' 32-bit m).
+constexpr int block_tokens(int m, int tb, int nt) { return m - tb * nt < nt ? m - tb * nt : nt; }
 
 // Unit u = (head · token_blocks + token block) · split + s.
 struct Unit {

@@ -143,7 +143,7 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
                                             epi::SlotOwnerTable<NT>* owners, volatile uint32_t* flag, int skip_split,
                                             MarkFn&& mark) {
   static_assert(kThreads % 32 == 0 && NT % 8 == 0, "whole warps; quads cover 8-token groups");
-  const int mt = min(NT, p.m - w.tb * NT);  // tokens of this block
+  const int mt = block_tokens(p.m, w.tb, NT);
   bool last = true;
   if (p.split > 1) {
     float* slot = p.partials + static_cast<int64_t>(u) * NT * kHeadCols;
@@ -290,7 +290,7 @@ __device__ __forceinline__ void finish_unit_cluster(const P& p, const Unit& w, i
       if (static_cast<uint32_t>(r) != rank) ptx::mbarrier_arrive_remote(ptx::mapa_shared_cluster(red_full, r));
   ptx::mbarrier_wait_cluster(red_full, parity);
   mark(kMarkArrived);
-  const int mt = min(NT, p.m - w.tb * NT);
+  const int mt = block_tokens(p.m, w.tb, NT);
   const int rows = mt > w.s ? (mt - w.s + S - 1) / S : 0;  // this rank's token rows
   for (int i = t; i < rows * (kHeadCols / 4); i += kThreads) {
     const int n = w.s + S * (i / (kHeadCols / 4)), c = 4 * (i % (kHeadCols / 4));

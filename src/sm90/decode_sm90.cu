@@ -213,7 +213,7 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
     // accumulator columns nobody reads (the columns of a product are
     // independent), so its stale bytes may stay: at M = 1 a stage is 8
     // tasks, not 128.
-    const int mt = min(NT, p.m - tb * NT);
+    const int mt = splitk::block_tokens(p.m, tb, NT);
     const int tasks = mt * (kBK / 16);
     // T (the previous unit's reduction tile) aliases the B ring.
     if (u != static_cast<int>(blockIdx.x)) {
@@ -245,8 +245,9 @@ __device__ __forceinline__ void transform(const Params& p, uint32_t smem_s) {
         for (int k = tt; k < kTasks; k += kTransformThreads) task(k % NT, k / NT, true);
       } else {
         for (int kw = tt - lane; kw < tasks; kw += kTransformThreads) {  // warp-uniform trip count
-          const int k = kw + lane < tasks ? kw + lane : 0;
-          task(k % mt, k / mt, kw + lane < tasks);
+          const bool live = kw + lane < tasks;
+          const int k = live ? kw + lane : 0;
+          task(k % mt, k / mt, live);
         }
       }
       // Generic-proxy stores read next by wgmma (async proxy): fence in every
