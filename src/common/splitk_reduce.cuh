@@ -96,6 +96,24 @@ __device__ __forceinline__ void epilogue_rows(const P& p, const Unit& w, int t, 
       }
       epi::lane_row_epilogue<32>(p.epi, own, w.head, row, true, src);
     }
+  } else if (rows <= 2 * (kThreads / 32)) {
+    // Two rows per warp (epi::lane_row_epilogue<16>, 8 values per lane): the
+    // block of up to 16 tokens in one round, chains 4x shorter than the quad
+    // form's.
+    const int i = 2 * (t / 32) + (t % 32) / 16;  // the warp's rows 2w, 2w + 1: lanes 0-15, 16-31
+    if (2 * (t / 32) < rows) {                   // warp-uniform
+      const bool valid = i < rows;
+      const int n = n0 + stride * (valid ? i : 0);
+      const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
+      const TileRow src{T, n};
+      if (p.acc_tap != nullptr && valid) {
+        const int l16 = t % 16;
+        float* dst = p.acc_tap + row * p.n + static_cast<int64_t>(w.head) * kHeadCols;
+#pragma unroll
+        for (int c = 0; c < kHeadCols; c += 32) *reinterpret_cast<float2*>(dst + c + 2 * l16) = src.load(c + 2 * l16);
+      }
+      epi::lane_row_epilogue<16>(p.epi, own, w.head, row, valid, src);
+    }
   } else {
     // Epilogue: quad t/4 takes token rows t/4, t/4 + kThreads/4, ...; lane q
     // holds columns 8j + 2q + b in y[2j + b] (epi::quad_row_epilogue's layout).
