@@ -441,11 +441,14 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
   struct Case {
     Heads h;
     int64_t m;
+    int cache = M3QKV_CACHE_NVFP4;  // KV and index cache format (the bench's fused_sm90_fp8 is FP8)
   };
-  for (const Case& c :
-       {Case{kTP4, 1}, Case{kTP4, 64}, Case{kTP4, 128}, Case{kTP4, 256}, Case{kTP8, 1}, Case{kTP1, 1}})
+  for (const Case& c : {Case{kTP4, 1}, Case{kTP4, 1, M3QKV_CACHE_FP8}, Case{kTP4, 64}, Case{kTP4, 128},
+                        Case{kTP4, 256}, Case{kTP8, 1}, Case{kTP1, 1}})
    for (int reduce : {m3qkv::kSm90DecodeReduceL2, m3qkv::kSm90DecodeReduceAuto}) {
-    const Problem p = make_problem(config(c.h, c.m, 6144, /*exact=*/false, 128));
+    ProblemConfig cfg = config(c.h, c.m, 6144, /*exact=*/false, 128);
+    cfg.kv_dtype = cfg.index_dtype = c.cache;
+    const Problem p = make_problem(cfg);
     DeviceInputs in;
     CUDA_OK(in.upload(p));
     DeviceOutputs d;
@@ -487,9 +490,10 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
           units += at(k, dec::kTrUnits);
           lasts += at(k, dec::kTrLastArrivals);
         }
-      std::printf("[ trace ] %s M%lld K6144 %s L2: call %.1f us (events); plan nt %d split %d cluster %d grid %d "
-                  "units %lld; %d CTAs traced, %llu units, %llu last arrivals\n",
-                  c.h.name, static_cast<long long>(c.m), cold ? "cold" : "warm", 1e3 * double(ms), plan.nt,
+      std::printf("[ trace ] %s M%lld K6144 %s caches, %s L2: call %.1f us (events); plan nt %d split %d cluster %d "
+                  "grid %d units %lld; %d CTAs traced, %llu units, %llu last arrivals\n",
+                  c.h.name, static_cast<long long>(c.m), c.cache == M3QKV_CACHE_FP8 ? "FP8" : "NVFP4",
+                  cold ? "cold" : "warm", 1e3 * double(ms), plan.nt,
                   plan.split, plan.cluster, plan.grid, static_cast<long long>(plan.units), ctas,
                   static_cast<unsigned long long>(units), static_cast<unsigned long long>(lasts));
       ASSERT_GT(ctas, 0);
