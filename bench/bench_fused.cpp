@@ -1010,7 +1010,13 @@ void bench_sm90_path(benchmark::State& state, bool decode, int x_path = m3qkv::k
     if (m3qkv::sm90_decode_plan(s->sets[0].fused, info, 0, reduce, &plan, clusters) == M3QKV_SUCCESS) {
       state.counters["split"] = plan.split;
       state.counters["cluster"] = plan.cluster;
+      state.counters["spread"] = plan.spread ? 1 : 0;
       state.counters["grid"] = plan.grid;
+      if ((reduce == m3qkv::kSm90DecodeReduceSpread && !plan.spread) ||
+          (reduce == m3qkv::kSm90DecodeReduceCluster && plan.cluster < 2)) {
+        state.SkipWithError("no plan of this reduction form at this shape");
+        return;
+      }
     }
   }
   timed_loop(state, int(s->sets.size()), fused_bytes(h, m), flops(h, m), 0.0, [&](int i) {
@@ -1426,6 +1432,12 @@ void register_sweep(m3qkv_backend_kind autok, bool sm90_variants) {
           add("sm90_decode", h, m, [](benchmark::State& st) { bench_sm90_path(st, true); });
           add("sm90_decode_l2", h, m, [](benchmark::State& st) {
             bench_sm90_path(st, true, m3qkv::kSm90DecodeXTransform, m3qkv::kSm90DecodeReduceL2);
+          });
+          add("sm90_decode_spread", h, m, [](benchmark::State& st) {
+            bench_sm90_path(st, true, m3qkv::kSm90DecodeXTransform, m3qkv::kSm90DecodeReduceSpread);
+          });
+          add("sm90_decode_cluster", h, m, [](benchmark::State& st) {
+            bench_sm90_path(st, true, m3qkv::kSm90DecodeXTransform, m3qkv::kSm90DecodeReduceCluster);
           });
         }
         if (crossover || m <= 16) {  // M <= 16: transform warps vs converted x (decode_converts_x)

@@ -50,6 +50,11 @@ struct Plan {
   // run as one cluster of S CTAs and meet through distributed shared memory:
   // no counters, no partial slots (both 0).
   int cluster = 0;
+  // (SM90 only, sm90::cluster_plan) an L2 plan whose units all run at once
+  // (units <= grid, a cooperative launch): the S units of a (head, token
+  // block) wait for each other and each finishes a share of its rows
+  // (splitk::finish_unit_ranks) instead of the last arriver finishing all.
+  bool spread = false;
 };
 // Whether the plan's partials meet through the workspace in L2.
 constexpr bool reduces_through_l2(const Plan& p) { return p.split > 1 && p.cluster <= 1; }

@@ -5,7 +5,9 @@
 // and the unit that arrives last sums the S partials in the fixed order
 // s = 0, 1, ..., S-1 and runs the docs/contract.md §3 epilogue (epi::lane_row_epilogue<32>
 // for blocks of at most one row per warp, else epi::quad_row_epilogue).
-// Plan and unit numbering: src/common/splitk_plan.h. The cluster form
+// Spread plans (SM90, every unit resident at once): all S units wait for the
+// last arrival and each finishes its share of the rows (finish_unit's
+// `spread`). Plan and unit numbering: src/common/splitk_plan.h. The cluster form
 // (finish_unit_cluster, SM90 cluster plans): the S partials meet in
 // distributed shared memory and every rank finishes a share of the rows.
 //
@@ -66,7 +68,7 @@ __device__ __forceinline__ void epilogue_rows(const P& p, const Unit& w, int t, 
                                               epi::SlotOwnerTable<NT>* owners, int n0, int stride, int rows,
                                               MarkFn&& mark) {
   const int q = t % 4;
-  if constexpr (!kSpread) n0 = 0, stride = 1;  // the last arriver's form, as its registers were fitted to
+  if constexpr (!kSpread) stride = 1;  // contiguous rows: the last arriver's block, a spread rank's share
   {
     const uint32_t maps = epi::slot_maps_of(head_info(w.head, p.epi.nq, p.epi.nkv, p.epi.niq).kind);
     if (maps != 0u) {  // uniform over the group: one head per unit
@@ -121,8 +123,9 @@ __device__ __forceinline__ void epilogue_rows(const P& p, const Unit& w, int t, 
     // Trip counts warp-uniform: the bound is a multiple of 8 quads (NT % 8 == 0).
     const int bound = kSpread ? (rows + 7) / 8 * 8 : NT;
     for (int i = t / 4; i < bound; i += kThreads / 4) {
+      if (i - i % 8 >= rows) break;  // warp-uniform: no row of this warp's 8 quads (a spread share)
       const bool valid = i < rows;
-      const int n = kSpread ? n0 + stride * (valid ? i : 0) : i;  // a spread rank's padding quads stay in T
+      const int n = n0 + stride * (valid ? i : 0);  // padding quads stay in T
       const int64_t row = static_cast<int64_t>(w.tb) * NT + n;
       float y[epi::kQuadValues];
 #pragma unroll
@@ -138,6 +141,120 @@ __device__ __forceinline__ void epilogue_rows(const P& p, const Unit& w, int t, 
           *reinterpret_cast<float2*>(dst + 8 * j) = make_float2(y[2 * j], y[2 * j + 1]);
       }
       epi::quad_row_epilogue</*kDecodeCvt=*/false>(p.epi, own, head, row, valid, y, q);  // 168-register kernels
+    }
+  }
+}
+
+// A (head, token block) counter word: arrivals of this launch in the low 16
+// bits (S <= 64), and in the high 16 the generation finish_unit_spread's
+// waiters watch (its last arriver moves it on and clears the count).
+constexpr uint32_t kArrivalMask = 0xffffu;
+constexpr uint32_t kGeneration = 0x10000u;
+
+// The unit's partial rows n < mt from T into its workspace slot (T's
+// unswizzled [nt][128] f32 form, which sum_partials reads).
+template <int NT, int kThreads, class P>
+__device__ __forceinline__ void store_partial(const P& p, int u, int t, const float* T, int mt) {
+  float* slot = p.partials + static_cast<int64_t>(u) * NT * kHeadCols;
+  for (int i = t; i < mt * (kHeadCols / 4); i += kThreads) {
+    const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
+    *reinterpret_cast<float4*>(slot + n * kHeadCols + c) = *reinterpret_cast<const float4*>(T + tile_index(n, c));
+  }
+}
+
+// Token rows n = n0 + stride·i (i < rows) of the block, each float4 item
+// summed over the S partials in the fixed order s = 0, 1, ..., S-1 into T
+// (this unit's own read back from T: the same bits as its slot; skip_split:
+// finish_unit's). The last arriver passes the whole block (0, 1, its
+// tokens), a spread rank its share (finish_unit_spread). Called by the
+// group's kThreads threads; no barrier inside.
+template <int NT, int kThreads, int kItems, int kBatch, class P>
+__device__ __forceinline__ void sum_partials(const P& p, const Unit& w, int u, int t, float* T, int n0, int stride,
+                                             int rows, int skip_split) {
+  const float* base = p.partials + static_cast<int64_t>(u - w.s) * NT * kHeadCols;
+  // Every float4 item's S partials, summed in the fixed order s = 0, 1,
+  // ... (this unit's own read back from T: the same bits as its slot),
+  // kItems items × kBatch splits per thread loaded together: one item at
+  // a time, the last arriver waits one L2 round trip per item (16 at
+  // NT = 128), on the critical path of its tile.
+  if constexpr (kItems == 1) {
+    // The form the SM100 decode kernel's 168 registers were fitted to
+    // (the multi-item loop below spills there even with one item).
+    for (int i = t; i < rows * (kHeadCols / 4); i += kThreads) {
+      const int n = n0 + stride * (i / (kHeadCols / 4)), c = 4 * (i % (kHeadCols / 4));
+      float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+      bool have = false;
+      for (int s0 = 0; s0 < p.split; s0 += kBatch) {
+        float4 v[kBatch];
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          const int s = s0 + j < p.split ? s0 + j : w.s;
+          v[j] = s == w.s ? *reinterpret_cast<const float4*>(T + tile_index(n, c))
+                          : __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * NT * kHeadCols +
+                                                                   n * kHeadCols + c));
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          if (s0 + j >= p.split) break;
+          if (s0 + j == skip_split) continue;
+          if (!have) {
+            sum = v[j];
+            have = true;
+          } else {
+            sum.x = add_rn(sum.x, v[j].x);
+            sum.y = add_rn(sum.y, v[j].y);
+            sum.z = add_rn(sum.z, v[j].z);
+            sum.w = add_rn(sum.w, v[j].w);
+          }
+        }
+      }
+      *reinterpret_cast<float4*>(T + tile_index(n, c)) = sum;
+    }
+  } else {
+    const int total = rows * (kHeadCols / 4);
+    for (int i0 = t; i0 < total; i0 += kThreads * kItems) {
+      float4 sum[kItems];
+      bool have = false;
+      for (int s0 = 0; s0 < p.split; s0 += kBatch) {
+        float4 v[kItems][kBatch];
+#pragma unroll
+        for (int it = 0; it < kItems; ++it) {
+          const int i = i0 + it * kThreads;
+          const int n = n0 + stride * (i / (kHeadCols / 4)), c = 4 * (i % (kHeadCols / 4));
+#pragma unroll
+          for (int j = 0; j < kBatch; ++j) {
+            const int s = s0 + j < p.split ? s0 + j : w.s;
+            v[it][j] = i >= total ? make_float4(0.f, 0.f, 0.f, 0.f)
+                       : s == w.s   ? *reinterpret_cast<const float4*>(T + tile_index(n, c))
+                                    : __ldcg(reinterpret_cast<const float4*>(
+                                        base + static_cast<int64_t>(s) * NT * kHeadCols + n * kHeadCols + c));
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kBatch; ++j) {
+          if (s0 + j >= p.split) break;
+          if (s0 + j == skip_split) continue;
+#pragma unroll
+          for (int it = 0; it < kItems; ++it) {
+            if (!have) {
+              sum[it] = v[it][j];
+            } else {
+              sum[it].x = add_rn(sum[it].x, v[it][j].x);
+              sum[it].y = add_rn(sum[it].y, v[it][j].y);
+              sum[it].z = add_rn(sum[it].z, v[it][j].z);
+              sum[it].w = add_rn(sum[it].w, v[it][j].w);
+            }
+          }
+          have = true;
+        }
+      }
+#pragma unroll
+      for (int it = 0; it < kItems; ++it) {
+        const int i = i0 + it * kThreads;
+        if (i < total)
+          *reinterpret_cast<float4*>(T + tile_index(n0 + stride * (i / (kHeadCols / 4)), 4 * (i % (kHeadCols / 4)))) =
+              sum[it];
+      }
     }
   }
 }
@@ -159,16 +276,13 @@ __device__ __forceinline__ void epilogue_rows(const P& p, const Unit& w, int t, 
 template <int NT, int kThreads, uint32_t kBarrier, int kItems = 1, int kBatch = 4, class P, class MarkFn>
 __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, int t, float* T,
                                             epi::SlotOwnerTable<NT>* owners, volatile uint32_t* flag, int skip_split,
-                                            MarkFn&& mark) {
+                                            bool spread, MarkFn&& mark) {
   static_assert(kThreads % 32 == 0 && NT % 8 == 0, "whole warps; quads cover 8-token groups");
   const int mt = block_tokens(p.m, w.tb, NT);
   bool last = true;
+  int n0 = 0, rows = mt;  // the block's rows this unit finishes (if it does)
   if (p.split > 1) {
-    float* slot = p.partials + static_cast<int64_t>(u) * NT * kHeadCols;
-    for (int i = t; i < mt * (kHeadCols / 4); i += kThreads) {
-      const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
-      *reinterpret_cast<float4*>(slot + n * kHeadCols + c) = *reinterpret_cast<const float4*>(T + tile_index(n, c));
-    }
+    store_partial<NT, kThreads>(p, u, t, T, mt);
     ptx::bar_sync(kBarrier, kThreads);
     if (t == 0) {
       uint32_t* counter = p.counters + w.head * p.token_blocks + w.tb;
@@ -177,108 +291,42 @@ __device__ __forceinline__ bool finish_unit(const P& p, const Unit& w, int u, in
       // release is cumulative), its acquire the reads of the other units'
       // partials after the barrier below: one fence (MEMBAR.ALL.GPU), not the
       // two sequentially consistent ones of __threadfence around an add.
-      const uint32_t arrived = ptx::atom_add_acq_rel_gpu_u32(counter, 1u);
-      const bool is_last = arrived == static_cast<uint32_t>(p.split - 1);
-      if (is_last) *counter = 0u;  // ready for the next launch (stream-ordered after this one)
-      *flag = is_last ? 1u : 0u;
+      const uint32_t old = ptx::atom_add_acq_rel_gpu_u32(counter, 1u);
+      const bool is_last = (old & kArrivalMask) == static_cast<uint32_t>(p.split - 1);
+      if (spread) {
+        // Every unit waits for the block's last arrival: the old value
+        // carries the generation g of this launch's meeting (it moves only
+        // once all S have arrived, this unit included); the last arriver
+        // starts g + 1 with a zero count (st.release: causality order is
+        // transitive, so a waiter's acquire of it also orders the other
+        // units' partials before its reads).
+        if (is_last)
+          ptx::st_release_gpu_u32(counter, (old & ~kArrivalMask) + kGeneration);
+        else
+          while (((ptx::ld_acquire_gpu_u32(counter) ^ old) & ~kArrivalMask) == 0u) __nanosleep(32);
+      } else if (is_last) {
+        *counter = 0u;  // ready for the next launch (stream-ordered after this one)
+      }
+      *flag = is_last || spread ? 1u : 0u;
     }
     ptx::bar_sync(kBarrier, kThreads);
     last = *flag != 0u;
     mark(kMarkArrived);
+    if (spread) {  // split s finishes rows [s·R, (s + 1)·R) of the block, R = ceil(mt / S)
+      const int share = (mt + p.split - 1) / p.split;
+      n0 = w.s * share < mt ? w.s * share : mt;
+      rows = mt - n0 < share ? mt - n0 : share;
+    }
     if (last) {
-      const float* base = p.partials + static_cast<int64_t>(u - w.s) * NT * kHeadCols;
-      // Every float4 item's S partials, summed in the fixed order s = 0, 1,
-      // ... (this unit's own read back from T: the same bits as its slot),
-      // kItems items × kBatch splits per thread loaded together: one item at
-      // a time, the last arriver waits one L2 round trip per item (16 at
-      // NT = 128), on the critical path of its tile.
-      if constexpr (kItems == 1) {
-        // The form the SM100 decode kernel's 168 registers were fitted to
-        // (the multi-item loop below spills there even with one item).
-        for (int i = t; i < mt * (kHeadCols / 4); i += kThreads) {
-          const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
-          float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-          bool have = false;
-          for (int s0 = 0; s0 < p.split; s0 += kBatch) {
-            float4 v[kBatch];
-#pragma unroll
-            for (int j = 0; j < kBatch; ++j) {
-              const int s = s0 + j < p.split ? s0 + j : w.s;
-              v[j] = s == w.s ? *reinterpret_cast<const float4*>(T + tile_index(n, c))
-                              : __ldcg(reinterpret_cast<const float4*>(base + static_cast<int64_t>(s) * NT * kHeadCols +
-                                                                       n * kHeadCols + c));
-            }
-#pragma unroll
-            for (int j = 0; j < kBatch; ++j) {
-              if (s0 + j >= p.split) break;
-              if (s0 + j == skip_split) continue;
-              if (!have) {
-                sum = v[j];
-                have = true;
-              } else {
-                sum.x = add_rn(sum.x, v[j].x);
-                sum.y = add_rn(sum.y, v[j].y);
-                sum.z = add_rn(sum.z, v[j].z);
-                sum.w = add_rn(sum.w, v[j].w);
-              }
-            }
-          }
-          *reinterpret_cast<float4*>(T + tile_index(n, c)) = sum;
-        }
-      } else {
-        const int total = mt * (kHeadCols / 4);
-        for (int i0 = t; i0 < total; i0 += kThreads * kItems) {
-          float4 sum[kItems];
-          bool have = false;
-          for (int s0 = 0; s0 < p.split; s0 += kBatch) {
-            float4 v[kItems][kBatch];
-#pragma unroll
-            for (int it = 0; it < kItems; ++it) {
-              const int i = i0 + it * kThreads;
-              const int n = i / (kHeadCols / 4), c = 4 * (i % (kHeadCols / 4));
-#pragma unroll
-              for (int j = 0; j < kBatch; ++j) {
-                const int s = s0 + j < p.split ? s0 + j : w.s;
-                v[it][j] = i >= total ? make_float4(0.f, 0.f, 0.f, 0.f)
-                           : s == w.s   ? *reinterpret_cast<const float4*>(T + tile_index(n, c))
-                                        : __ldcg(reinterpret_cast<const float4*>(
-                                            base + static_cast<int64_t>(s) * NT * kHeadCols + n * kHeadCols + c));
-              }
-            }
-#pragma unroll
-            for (int j = 0; j < kBatch; ++j) {
-              if (s0 + j >= p.split) break;
-              if (s0 + j == skip_split) continue;
-#pragma unroll
-              for (int it = 0; it < kItems; ++it) {
-                if (!have) {
-                  sum[it] = v[it][j];
-                } else {
-                  sum[it].x = add_rn(sum[it].x, v[it][j].x);
-                  sum[it].y = add_rn(sum[it].y, v[it][j].y);
-                  sum[it].z = add_rn(sum[it].z, v[it][j].z);
-                  sum[it].w = add_rn(sum[it].w, v[it][j].w);
-                }
-              }
-              have = true;
-            }
-          }
-#pragma unroll
-          for (int it = 0; it < kItems; ++it) {
-            const int i = i0 + it * kThreads;
-            if (i < total)
-              *reinterpret_cast<float4*>(T + tile_index(i / (kHeadCols / 4), 4 * (i % (kHeadCols / 4)))) = sum[it];
-          }
-        }
-      }
+      sum_partials<NT, kThreads, kItems, kBatch>(p, w, u, t, T, n0, 1, rows, skip_split);
       ptx::bar_sync(kBarrier, kThreads);
       mark(kMarkSummed);
     }
   }
-  if (last) epilogue_rows<NT, kThreads, kBarrier, /*kSpread=*/false>(p, w, t, T, owners, 0, 1, mt, mark);
+  if (last && rows > 0) epilogue_rows<NT, kThreads, kBarrier, /*kSpread=*/false>(p, w, t, T, owners, n0, 1, rows, mark);
   // T is reused by the next unit.
   ptx::bar_sync(kBarrier, kThreads);
-  return last;
+  return spread ? w.s == 0 : last;
 }
 
 // The end of a unit whose S units run as one 1-D cluster (rank = the unit's

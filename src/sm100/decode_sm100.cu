@@ -201,7 +201,8 @@ __device__ __forceinline__ void epilogue(const DecodeParams& p, const Smem<NT>& 
     __syncwarp();
     if (lane == 0) ptx::mbarrier_arrive(sm.tmem_empty(buf));
     ptx::bar_sync(C::kEpiBarrier, C::kEpiThreads);
-    splitk::finish_unit<NT, C::kEpiThreads, C::kEpiBarrier>(p, w, u, t, T, owners, flag, p.test_skip_split, [](int) {});
+    splitk::finish_unit<NT, C::kEpiThreads, C::kEpiBarrier>(p, w, u, t, T, owners, flag, p.test_skip_split,
+                                                            /*spread=*/false, [](int) {});
   }
 }
 

@@ -188,6 +188,7 @@ struct Params {
   int32_t split;         // S
   int32_t cluster;       // S when the S units of a (head, token block) are one cluster (grid % S == 0), else 0
   int32_t units;         // heads · token_blocks · split
+  int32_t spread;        // 1: a spread plan (splitk::Plan::spread; units <= grid, cooperative launch), else 0
   const uint8_t* xsf;    // F8_128x4 [ceil(M/128)·128, K/32] (e4m3 activations; null for x_bf16)
   const uint8_t* wsf;    // F8_128x4 [N, K/32]
   uint32_t* counters;    // workspace: [heads · token_blocks] arrival counters, zero between launches (L2 plans)

@@ -53,7 +53,7 @@ inline splitk::Plan plan_decode_memo(int64_t m, int heads, int ks, int num_sms, 
 // Split-K over a cluster: the S units of a (head, token block) run on the S
 // CTAs of one 1-D cluster (rank = split s) and meet through distributed
 // shared memory, each rank summing and finishing its share of the token rows
-// (splitk::finish_unit_cluster): no workspace, no L2 round trips, and the
+// (splitk::finish_unit_ranks): no workspace, no L2 round trips, and the
 // epilogue spread over S CTAs instead of one last arriver's.
 constexpr int kDecodeMaxCluster = 8;  // portable cluster size
 // The model's terms for the two reductions, in cost_x64 units (1/64 stage,
@@ -69,17 +69,36 @@ constexpr int64_t kClusterCallX64 = 280;
 constexpr int64_t kClusterUnitPerTokenX64 = 3;
 constexpr int kClusterMinUnitStages = 12;
 
-enum class DecodeReduce : int { kAuto = 0, kL2 = 1, kCluster = 2 };
+enum class DecodeReduce : int { kAuto = 0, kL2 = 1, kCluster = 2, kSpread = 3 };
+
+// Whether the L2 plan `l2` can run spread (splitk::Plan::spread): S > 1 and
+// every unit resident at once (units <= grid).
+constexpr bool spread_fits(const splitk::Plan& l2) {
+  return l2.nt > 0 && l2.split > 1 && l2.cluster <= 1 && l2.units <= l2.grid;
+}
+// The automatic plan spreads from blocks of this many tokens, where the last
+// arriver's sum and epilogue of the block's rows set the tail (H200 bench,
+// sm90_decode_spread against sm90_decode_l2: 0.78-0.96x from M = 16; at M =
+// 1 and 4 the meeting costs more than the one CTA's few rows, 1.02-1.07x).
+constexpr int64_t kSpreadMinTokens = 16;
 
 // The plan `l2` (plan_decode's, for the same m, heads, ks, num_sms and
 // overrides) in its cluster form where that is cheaper (kAuto) or asked for
-// (kCluster); unchanged otherwise, and when no cluster size fits.
+// (kCluster), else spread where it fits and is asked for (kSpread) or, by
+// default, from kSpreadMinTokens (the plans that went through L2: where the
+// cluster model picks clusters, e.g. TP4 M = 64 and 128, the bench has not
+// shown spread faster on the converted activations); unchanged otherwise.
 // clusters[c]: co-resident clusters of c CTAs (cudaOccupancyMaxActiveClusters;
 // 0 = not schedulable or unknown). split_override > 0 keeps the plan's split
 // (its clamped override); grid_override > 0 caps the CTAs.
 inline splitk::Plan cluster_plan(const splitk::Plan& l2, int64_t m, int heads, int ks, int num_sms, int split_override,
                                  int grid_override, const int (&clusters)[kDecodeMaxCluster + 1], DecodeReduce mode) {
-  if (l2.nt == 0 || mode == DecodeReduce::kL2) return l2;
+  splitk::Plan spread = l2;
+  spread.spread = true;
+  const bool spread_ok = spread_fits(l2) && (mode == DecodeReduce::kSpread ||
+                                            (mode == DecodeReduce::kAuto && (m < l2.nt ? m : l2.nt) >= kSpreadMinTokens));
+  const splitk::Plan& fallback = spread_ok ? spread : l2;
+  if (l2.nt == 0 || mode == DecodeReduce::kL2 || mode == DecodeReduce::kSpread) return fallback;
   const int64_t pairs = static_cast<int64_t>(heads) * l2.token_blocks;
   const int64_t cap = grid_override > 0 ? grid_override : num_sms;
   const int s_lo = split_override > 0 ? l2.split : 2;
@@ -100,13 +119,13 @@ inline splitk::Plan cluster_plan(const splitk::Plan& l2, int64_t m, int heads, i
         kClusterCallX64;
     if (best_cost < 0 || cost < best_cost) best = S, best_cost = cost, best_clusters = nc;
   }
-  if (best == 0) return l2;
+  if (best == 0) return fallback;
   if (mode == DecodeReduce::kAuto) {
     const int64_t per_cta = (l2.units + l2.grid - 1) / l2.grid;
     const int64_t tokens = m < l2.nt ? m : l2.nt;  // the fullest block
     const int64_t l2_cost =
         splitk::cost_x64(per_cta, l2.max_unit_stages, l2.split, tokens) + per_cta * tokens * kL2TailPerTokenX64;
-    if (best_cost >= l2_cost) return l2;
+    if (best_cost >= l2_cost) return fallback;
   }
   splitk::Plan p = l2;
   p.split = best;

@@ -143,7 +143,7 @@ __device__ __forceinline__ void convert_x_task(uint32_t x_tile, uint32_t b_slot,
 // The barriers of the kernel (shared-memory addresses; Config's offsets).
 struct Bars {
   uint32_t full0, empty0, bfull0, bempty0, tfree;
-  uint32_t red_full, red_empty;  // cluster plans (splitk::finish_unit_cluster)
+  uint32_t red_full, red_empty;  // cluster plans (splitk::finish_unit_ranks)
 };
 
 // -------------------------------------------------------------------- roles
@@ -298,9 +298,11 @@ __device__ __forceinline__ bool finish_unit(const Params& p, const splitk::Unit&
   // Sixteen partial loads in flight per thread (no spill within the 168
   // registers): at NT <= 32, 2 items × 8 splits, so a last arriver of up to 8
   // splits waits one L2 round trip for its partials, not two; above, 4 × 4.
+  // Spread plans (every unit resident: a cooperative launch): the S units
+  // wait for each other and each finishes its share of the rows.
   constexpr int kItems = NT <= 32 ? 2 : 4;
-  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed, kItems, 16 / kItems>(p, w, u, t, T, owners, flag,
-                                                                                      /*skip_split=*/-1, mark);
+  return splitk::finish_unit<NT, kConsumerThreads, kBarrierNamed, kItems, 16 / kItems>(
+      p, w, u, t, T, owners, flag, /*skip_split=*/-1, p.spread != 0, mark);
 }
 
 // One stage of the consumers, one 64-K step at a time with two A sets (one
@@ -536,6 +538,7 @@ m3qkv_status launch_decode_nt(const CUtensorMap& tw, const CUtensorMap& tx, cons
   shape.smem = Config<NT, XB>::kSmemBytes;
   shape.pdl = pdl;
   shape.cluster = p.cluster > 1 ? static_cast<unsigned>(p.cluster) : 0u;
+  shape.cooperative = p.spread != 0;  // its units wait on each other: all resident, or the launch is refused
   Params pt = p;
   pt.trace = g_trace;
   pt.trace_ctas = g_trace_ctas;

@@ -124,9 +124,11 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
                 "sm90_fused_decode: x_path = %d is not 0 (automatic), 1 (converted in the kernel) or 2 (converted "
                 "once per call)",
                 x_path);
-  if (reduce != kSm90DecodeReduceAuto && reduce != kSm90DecodeReduceL2 && reduce != kSm90DecodeReduceCluster)
+  if (reduce < kSm90DecodeReduceAuto || reduce > kSm90DecodeReduceSpread)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
-                "sm90_fused_decode: reduce = %d is not 0 (automatic), 1 (through L2) or 2 (over a cluster)", reduce);
+                "sm90_fused_decode: reduce = %d is not 0 (automatic), 1 (through L2), 2 (over a cluster) or 3 "
+                "(through L2, spread)",
+                reduce);
   const Sm90Setup* setup = nullptr;
   M3QKV_TRY(prepare_device(dev, &setup));
   host::timing_mark(host::Phase::kSetup);
@@ -141,6 +143,11 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
                 "sm90_fused_decode: no cluster plan for split %d (m = %lld, grid %d): it needs 2 <= split <= %d and "
                 "a grid of at least split CTAs that the device can co-schedule",
                 plan.split, static_cast<long long>(a.m), a.grid, sm90::kDecodeMaxCluster);
+  if (reduce == kSm90DecodeReduceSpread && !plan.spread)
+    return fail(M3QKV_ERROR_INVALID_ARGUMENT,
+                "sm90_fused_decode: no spread plan for split %d (m = %lld, %lld units, grid %d): it needs split >= 2 "
+                "and every unit resident at once (units <= grid)",
+                plan.split, static_cast<long long>(a.m), static_cast<long long>(plan.units), plan.grid);
   host::timing_mark(host::Phase::kPlan);
 
   // MXFP8 activations converted once per call (x̂ in the launch workspace,
@@ -180,6 +187,7 @@ m3qkv_status sm90_fused_decode(const m3qkv_fused_args& a, const DeviceInfo& dev,
   p.split = plan.split;
   p.cluster = plan.cluster;
   p.units = static_cast<int32_t>(plan.units);
+  p.spread = plan.spread ? 1 : 0;
   p.xsf = static_cast<const uint8_t*>(a.xsf);
   p.wsf = static_cast<const uint8_t*>(a.wsf);
   p.counters = ws.counters;

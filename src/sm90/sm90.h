@@ -72,13 +72,16 @@ enum Sm90DecodeX : int {
   kSm90DecodeXConverted = 2,
 };
 // Where the swap-AB path's split-K partials meet: through a per-stream
-// workspace in L2 (the last arriving unit sums them), or in distributed
+// workspace in L2 (the last arriving unit sums them, or, spread, the S units
+// wait for each other and share the sum and the epilogue), or in distributed
 // shared memory when the S units of a (head, token block) run as one cluster
 // (sm90::cluster_plan). The same additions in the same order: the same bits.
 enum Sm90DecodeReduce : int {
   kSm90DecodeReduceAuto = 0,     // sm90::cluster_plan's cost model
   kSm90DecodeReduceL2 = 1,
   kSm90DecodeReduceCluster = 2,  // an error where no cluster plan fits (split > 8, grid < split)
+  kSm90DecodeReduceSpread = 3,   // through L2, each unit finishing a share of the rows: an error where
+                                 // not every unit is resident at once (split 1, units > grid)
 };
 // The swap-AB path (src/sm90/decode_sm90.cu, docs/sm90.md) for
 // 1 <= M <= kDecodeMaxM: weights as the wgmma M side, K split over a

@@ -200,18 +200,25 @@ TEST(DecodePlan, ClusterPlansKeepEachPairOnOneClusterAndFitTheDevice) {
   // Worked, TP4 (20 heads), K = 6144. M = 1: the L2 plan (split 6 over 120
   // CTAs), whose tail at one token is cheaper than a cluster launch. M = 128:
   // 20 clusters of 6 (the same 8 stages each, 22 rows per rank) against one
-  // CTA's 128 rows.
+  // CTA's 128 rows; asked for, spread over the L2 plan's 120 CTAs.
   const Plan tp4 = with_cluster(1, 20, 48, 0, 0, DecodeReduce::kAuto);
   EXPECT_EQ(tp4.cluster, 0);
+  EXPECT_FALSE(tp4.spread);
   EXPECT_EQ(tp4.split, 6);
   const Plan tp4_128 = with_cluster(128, 20, 48, 0, 0, DecodeReduce::kAuto);
   EXPECT_EQ(tp4_128.cluster, 6);
+  EXPECT_FALSE(tp4_128.spread);
   EXPECT_EQ(tp4_128.grid, 120);
+  const Plan tp4_128s = with_cluster(128, 20, 48, 0, 0, DecodeReduce::kSpread);
+  EXPECT_EQ(tp4_128s.cluster, 0);
+  EXPECT_TRUE(tp4_128s.spread);
+  EXPECT_EQ(tp4_128s.grid, 120);
   // M = 256: 40 pairs; clusters of 8 would walk 3 units of 6 stages each:
   // the L2 plan instead (split 3 over 120 CTAs).
   const Plan tp4_256 = with_cluster(256, 20, 48, 0, 0, DecodeReduce::kAuto);
   EXPECT_EQ(tp4_256.cluster, 0);
   EXPECT_EQ(tp4_256.split, 3);
+  EXPECT_TRUE(tp4_256.spread);
   // TP1 (77 heads) at M = 1024: 616 pairs, no split at all.
   EXPECT_EQ(with_cluster(1024, 77, 48, 0, 0, DecodeReduce::kAuto).split, 1);
 }
@@ -249,6 +256,56 @@ TEST(DecodePlan, ClusterPlanModesAndLimits) {
   const Plan f = with_cluster(1, 20, 48, 0, 0, DecodeReduce::kCluster, few);
   EXPECT_EQ(f.cluster, 3);
   EXPECT_EQ(f.grid, 12);
+}
+
+// The spread form (sm90::spread_fits): only over an L2 plan whose units all
+// fit the grid at once (its units wait for each other), by default from
+// blocks of 16 tokens unless a cluster form takes more splits, forced
+// wherever it fits; the L2 plan's split, grid and workspace unchanged.
+TEST(DecodePlan, SpreadPlansRunEveryUnitAtOnce) {
+  int spread = 0;
+  for (const Layout& l : kLayouts)
+    for (int64_t m : {1, 7, 16, 33, 64, 129, 256, 300, 1024})
+      for (int ks : {2, 4, 16, 48})
+        for (DecodeReduce mode : {DecodeReduce::kAuto, DecodeReduce::kSpread}) {
+          SCOPED_TRACE(std::string(l.name) + " M " + std::to_string(m) + " ks " + std::to_string(ks));
+          const Plan p = with_cluster(m, l.heads, ks, 0, 0, mode);
+          const Plan l2 = plan_decode(m, l.heads, ks, 132);
+          const bool fits = l2.split > 1 && l2.units <= l2.grid;
+          const bool wide = std::min<int64_t>(m, l2.nt) >= m3qkv::sm90::kSpreadMinTokens;
+          if (mode == DecodeReduce::kSpread)
+            EXPECT_EQ(p.spread, fits);
+          else if (!fits || !wide)
+            EXPECT_FALSE(p.spread);
+          else  // automatic: spread wherever the cluster form is not taken
+            EXPECT_EQ(p.spread, p.cluster == 0);
+          if (!p.spread) continue;
+          ++spread;
+          EXPECT_EQ(p.cluster, 0);
+          EXPECT_EQ(p.split, l2.split);
+          EXPECT_EQ(p.grid, l2.grid);
+          EXPECT_EQ(p.units, l2.units);
+          EXPECT_EQ(p.partial_bytes, l2.partial_bytes);
+          EXPECT_EQ(p.counter_bytes, l2.counter_bytes);
+          EXPECT_TRUE(m3qkv::splitk::reduces_through_l2(p));
+        }
+  EXPECT_GT(spread, 0);
+  // Forced: TP4 M = 1 (120 units on 120 CTAs) spreads; a grid cap below the
+  // units, split 1 or the other modes do not.
+  EXPECT_TRUE(with_cluster(1, 20, 48, 0, 0, DecodeReduce::kSpread).spread);
+  EXPECT_FALSE(with_cluster(1, 20, 48, 0, 7, DecodeReduce::kSpread).spread);
+  EXPECT_FALSE(with_cluster(64, 20, 48, 1, 0, DecodeReduce::kSpread).spread);
+  EXPECT_FALSE(with_cluster(64, 20, 48, 0, 0, DecodeReduce::kL2).spread);
+  EXPECT_FALSE(with_cluster(64, 20, 48, 2, 0, DecodeReduce::kCluster).spread);
+  // TP1 (77 heads) at M = 64, split 2: 154 units > 132 CTAs, through L2 as before.
+  EXPECT_FALSE(with_cluster(64, 77, 48, 2, 0, DecodeReduce::kAuto).spread);
+  // Automatic: TP4 M = 4 through L2 (one CTA's few rows), M = 16 spread;
+  // TP8 (12 pairs) M = 128 over 12 clusters of 8, as the cluster model picks.
+  EXPECT_FALSE(with_cluster(4, 20, 48, 0, 0, DecodeReduce::kAuto).spread);
+  EXPECT_TRUE(with_cluster(16, 20, 48, 0, 0, DecodeReduce::kAuto).spread);
+  const Plan tp8_128 = with_cluster(128, 12, 48, 0, 0, DecodeReduce::kAuto);
+  EXPECT_FALSE(tp8_128.spread);
+  EXPECT_EQ(tp8_128.cluster, 8);
 }
 
 // The launchers' memo returns plan()'s result for any call sequence: repeats,

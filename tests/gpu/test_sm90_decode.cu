@@ -143,11 +143,13 @@ TEST(Sm90DecodeShapes, ForcedSplitsGridsPdl_TP4_K2048) {
           ASSERT_NO_FATAL_FAILURE(check_exact(p, in, acc, run, "TP4_M" + std::to_string(m) + "_K2048"));
           if (HasFailure()) return;
         }
-    // Split 2 through L2 and over clusters of 2, forced; a grid of 7 CTAs
-    // (3 clusters) walks many pairs per cluster: the reduction barriers'
-    // phases wrap. PDL on the full grid.
-    for (int reduce : {m3qkv::kSm90DecodeReduceL2, m3qkv::kSm90DecodeReduceCluster})
+    // Split 2 through L2, spread and over clusters of 2, forced; a grid of 7
+    // CTAs (3 clusters) walks many pairs per cluster: the reduction barriers'
+    // phases wrap (a spread plan needs every unit resident: the full grid
+    // only). PDL on the full grid.
+    for (int reduce : {m3qkv::kSm90DecodeReduceL2, m3qkv::kSm90DecodeReduceCluster, m3qkv::kSm90DecodeReduceSpread})
       for (int grid : {0, 7}) {
+        if (reduce == m3qkv::kSm90DecodeReduceSpread && grid != 0) continue;
         DecodeRun run;
         run.split = 2;
         run.grid = grid;
@@ -399,19 +401,44 @@ TEST_P(Sm90DecodeRandom, GemmErrorEpilogueOnTapRunToRun) {
   }
   EXPECT_EQ(count_f32_mismatch(tap_path[0].data(), tap_path[1].data(), tap.size(), &first), 0)
       << "converted vs transformed activations, first at " << first;
-  // Split 4 through L2 and over clusters of 4: the same additions in the same
-  // order, so the same accumulator and output bytes.
-  Fetched by_reduce[2];
-  std::vector<float> tap_reduce[2];
-  for (int i = 0; i < 2; ++i) {
+  // Split 4 through L2 (last arriver, spread) and over clusters of 4: the
+  // same additions in the same order, so the same accumulator and output bytes.
+  const int reduces[3] = {m3qkv::kSm90DecodeReduceL2, m3qkv::kSm90DecodeReduceCluster,
+                          m3qkv::kSm90DecodeReduceSpread};
+  const char* const reduce_names[3] = {"through L2", "over a cluster", "through L2, spread"};
+  // A spread plan needs every unit resident at once (units <= grid): TP4 M1,
+  // TP4 M64 and TP8 M33 at split 4; elsewhere the call is refused.
+  bool spread_fits = false;
+  {
+    DeviceOutputs d;
+    CUDA_OK(d.init(p, 0));
+    m3qkv_fused_args a = p.args_with(in.mapper(), d.ptrs());
+    m3qkv::DeviceInfo dev;
+    M3QKV_OK(m3qkv::current_device_info(&dev));
+    m3qkv::splitk::Plan plan;
+    int clusters[9] = {};
+    M3QKV_OK(m3qkv::sm90_decode_plan(a, dev, 4, m3qkv::kSm90DecodeReduceSpread, &plan, clusters));
+    spread_fits = plan.spread;
+    EXPECT_EQ(spread_fits, plan.units <= dev.num_sms) << random_name(c) << ": " << plan.units << " units";
+    if (!spread_fits)
+      EXPECT_EQ(sm90_decode_call(a, dev, nullptr, nullptr, 4, 0, m3qkv::kSm90DecodeReduceSpread),
+                M3QKV_ERROR_INVALID_ARGUMENT)
+          << random_name(c) << ": a spread plan of " << plan.units << " units on " << dev.num_sms << " SMs";
+  }
+  Fetched by_reduce[3];
+  std::vector<float> tap_reduce[3];
+  for (int i = 0; i < (spread_fits ? 3 : 2); ++i) {
     DecodeRun r;
     r.split = 4;
-    r.reduce = i == 0 ? m3qkv::kSm90DecodeReduceL2 : m3qkv::kSm90DecodeReduceCluster;
+    r.reduce = reduces[i];
     ASSERT_NO_FATAL_FAILURE(run_decode(p, in, r, 0, &by_reduce[i], &tap_reduce[i]));
   }
-  EXPECT_EQ(count_f32_mismatch(tap_reduce[0].data(), tap_reduce[1].data(), tap.size(), &first), 0)
-      << "split 4 through L2 vs over a cluster, first at " << first;
-  expect_same_fetched(p, by_reduce[0], by_reduce[1], "split 4, L2 vs cluster " + random_name(c));
+  for (int i = 1; i < (spread_fits ? 3 : 2); ++i) {
+    EXPECT_EQ(count_f32_mismatch(tap_reduce[0].data(), tap_reduce[i].data(), tap.size(), &first), 0)
+        << "split 4 through L2 vs " << reduce_names[i] << ", first at " << first;
+    expect_same_fetched(p, by_reduce[0], by_reduce[i],
+                        std::string("split 4, L2 vs ") + reduce_names[i] + " " + random_name(c));
+  }
   EXPECT_EQ(count_f32_mismatch(tap.data(), tap_path[1].data(), tap.size(), &first), 0)
       << "automatic vs converted activations, first at " << first;
   expect_same_fetched(p, by_path[0], by_path[1], "converted vs transformed activations " + random_name(c));
@@ -445,7 +472,7 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
   };
   for (const Case& c : {Case{kTP4, 1}, Case{kTP4, 1, M3QKV_CACHE_FP8}, Case{kTP4, 64}, Case{kTP4, 128},
                         Case{kTP4, 256}, Case{kTP8, 1}, Case{kTP1, 1}})
-   for (int reduce : {m3qkv::kSm90DecodeReduceL2, m3qkv::kSm90DecodeReduceAuto}) {
+   for (int reduce : {m3qkv::kSm90DecodeReduceL2, m3qkv::kSm90DecodeReduceSpread, m3qkv::kSm90DecodeReduceAuto}) {
     ProblemConfig cfg = config(c.h, c.m, 6144, /*exact=*/false, 128);
     cfg.kv_dtype = cfg.index_dtype = c.cache;
     const Problem p = make_problem(cfg);
@@ -459,6 +486,7 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
     m3qkv::splitk::Plan plan;
     int clusters[9] = {};
     M3QKV_OK(m3qkv::sm90_decode_plan(a, dev, 0, reduce, &plan, clusters));
+    if (reduce == m3qkv::kSm90DecodeReduceSpread && !plan.spread) continue;  // more units than CTAs
     std::printf("[ trace ] co-resident clusters of 2..8 CTAs: %d %d %d %d %d %d %d\n", clusters[2], clusters[3],
                 clusters[4], clusters[5], clusters[6], clusters[7], clusters[8]);
     Stream s;
@@ -491,10 +519,10 @@ TEST(Sm90DecodeTiming, DISABLED_Timeline) {
           lasts += at(k, dec::kTrLastArrivals);
         }
       std::printf("[ trace ] %s M%lld K6144 %s caches, %s L2: call %.1f us (events); plan nt %d split %d cluster %d "
-                  "grid %d units %lld; %d CTAs traced, %llu units, %llu last arrivals\n",
+                  "spread %d grid %d units %lld; %d CTAs traced, %llu units, %llu last arrivals\n",
                   c.h.name, static_cast<long long>(c.m), c.cache == M3QKV_CACHE_FP8 ? "FP8" : "NVFP4",
                   cold ? "cold" : "warm", 1e3 * double(ms), plan.nt,
-                  plan.split, plan.cluster, plan.grid, static_cast<long long>(plan.units), ctas,
+                  plan.split, plan.cluster, plan.spread ? 1 : 0, plan.grid, static_cast<long long>(plan.units), ctas,
                   static_cast<unsigned long long>(units), static_cast<unsigned long long>(lasts));
       ASSERT_GT(ctas, 0);
       // The last arrivers one by one (head = unit / split when each CTA has one unit).
