@@ -15,8 +15,8 @@ namespace m3qkv::sm90 {
 constexpr int64_t kDecodeMaxM = (int64_t{1} << 31) - 256;
 // Routing of sm90_fused (docs/sm90.md "Routing"), read off the bench entries
 // fused_sm90_fp8 against sm90_decode / sm90_decode_xhat / sm90_tile
-// (bench/README.md): bf16 activations always take the swap-AB kernel (the
-// only SM90 kernel that reads them); MXFP8 activations take it up to
+// (bench/README.md): bf16 activations take the swap-AB kernel below
+// kXbf16PrefillMinM tokens; MXFP8 activations take it up to
 // kSwapAbMaxMxfp8M tokens, converted by its transform warps up to
 // kSwapAbTransformMaxM and once per call above (decode_converts_x: the
 // transform warps would convert them again for every head), and the pre-A /
@@ -24,9 +24,15 @@ constexpr int64_t kDecodeMaxM = (int64_t{1} << 31) - 256;
 // (e.g. TP4 M = 512: 80 (head, token block) pairs on 132 SMs).
 constexpr int64_t kSwapAbTransformMaxM = 32;
 constexpr int64_t kSwapAbMaxMxfp8M = 511;
+// bf16 activations take the prefill kernel from kXbf16PrefillMinM tokens:
+// they are its x̂ already (only the weights are converted per call); there it
+// took 0.71-0.97x this kernel's time on the H200 (TP1 / TP4 / TP8, M 2048 -
+// 16384, CHANGELOG v28). At M = 1024 the prefill kernel, even with x
+// converted, is 6-12 % slower than this one on every TP (h200.json).
+constexpr int64_t kXbf16PrefillMinM = 2048;
 constexpr bool decode_preferred(int64_t m, int heads, bool x_bf16) {
   if (m < 1 || m > kDecodeMaxM || heads < 1) return false;
-  return x_bf16 || m <= kSwapAbMaxMxfp8M;
+  return x_bf16 ? m < kXbf16PrefillMinM : m <= kSwapAbMaxMxfp8M;
 }
 constexpr bool decode_converts_x(int64_t m) { return m > kSwapAbTransformMaxM; }
 // Most splits the plan considers (a unit is at least one 128-K stage).

@@ -211,10 +211,14 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                 "sm90_fused_variant: variant = %d is not 0 (bf16 dequant), 2 (bf16 dequant, activations "
                 "pre-converted), 3 (prefill: both operands pre-converted) or -1 (automatic)",
                 variant);
-  if (activations_bf16(a) != nullptr)
+  // bf16 activations are the prefill kernel's x̂ as they are (it converts the
+  // weights only); the other tile instances read MXFP8.
+  const bool xb = activations_bf16(a) != nullptr;
+  if (xb && variant != kSm90Bf16Prefill && variant != kSm90AutoVariant)
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
-                "sm90_fused_variant: the SM90 tile instances read MXFP8 activations (xq, xsf); x_bf16 runs on the "
-                "swap-AB kernel (sm90_fused_decode)");
+                "sm90_fused_variant: variant %d reads MXFP8 activations (xq, xsf); x_bf16 runs on the prefill "
+                "kernel (variant 3) or the swap-AB kernel (sm90_fused_decode)",
+                variant);
   const Sm90Setup* setup = nullptr;
   M3QKV_TRY(prepare_device(dev, &setup));
   host::timing_mark(host::Phase::kSetup);
@@ -236,7 +240,9 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   // 128-row unsplit plans; a forced one elsewhere is refused.
   const int64_t n = in.heads * kHeadDim;
   const bool pre_a_ok = sm90::pre_a_applies(plan, a.m, a.k);
-  const bool prefill_ok = sm90::prefill_applies(plan, a.m, n, a.k);
+  const bool prefill_ok = sm90::prefill_applies(plan, a.m, n, a.k, /*x_in_workspace=*/!xb);
+  // bf16 activations where the prefill kernel does not apply: the swap-AB kernel.
+  if (xb && variant == kSm90AutoVariant && !prefill_ok) return sm90_fused_decode(a, dev, acc_tap, s, 0);
   if ((variant == kSm90Bf16DequantPreA && !pre_a_ok) || (variant == kSm90Bf16Prefill && !prefill_ok))
     return fail(M3QKV_ERROR_INVALID_ARGUMENT,
                 "sm90_fused_variant: variant %d (%s) needs 128-row tiles without split-K and %s <= %lld bytes "
@@ -244,8 +250,8 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
                 variant, variant == kSm90Bf16Prefill ? "prefill" : "activations pre-converted",
                 variant == kSm90Bf16Prefill ? "(M + N)·K·2" : "M·K·2", static_cast<long long>(sm90::kPreAMaxBytes),
                 plan.bm, plan.split, static_cast<long long>(a.m));
-  const bool prefill =
-      variant == kSm90Bf16Prefill || (variant == kSm90AutoVariant && prefill_ok && sm90::prefer_prefill(a.m));
+  const bool prefill = variant == kSm90Bf16Prefill ||
+                       (variant == kSm90AutoVariant && prefill_ok && (xb || sm90::prefer_prefill(a.m)));
   const bool pre_a = variant == kSm90Bf16DequantPreA || (variant == kSm90AutoVariant && pre_a_ok && !prefill);
   host::timing_mark(host::Phase::kPlan);
 
@@ -257,14 +263,15 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   void* xbf = nullptr;
   uint8_t* wbf = nullptr;
   if (pre_a || prefill) {
-    const size_t xbf_bytes = static_cast<size_t>(a.m) * static_cast<size_t>(a.k) * 2;
+    const size_t xbf_bytes = xb ? 0 : static_cast<size_t>(a.m) * static_cast<size_t>(a.k) * 2;
     const size_t wbf_bytes = prefill ? static_cast<size_t>(n) * static_cast<size_t>(a.k) * 2 : 0;
     M3QKV_TRY(host::launch_workspace(dev, s, xbf_bytes + wbf_bytes, &ws, &xbf, &lease));
     wbf = prefill ? static_cast<uint8_t*>(xbf) + xbf_bytes : nullptr;
   }
   CUtensorMap tmap_x, tmap_w;
   if (pre_a || prefill)
-    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, "x_bf16 (workspace)", xbf, static_cast<uint64_t>(a.k) * 2,
+    M3QKV_TRY(host::make_tensor_map_2d_u8(kFn, &tmap_x, xb ? "x_bf16" : "x_bf16 (workspace)",
+                                          xb ? activations_bf16(a) : xbf, static_cast<uint64_t>(a.k) * 2,
                                           static_cast<uint64_t>(a.m), static_cast<uint64_t>(a.k) * 2,
                                           sm90::kSwizzleBytes, static_cast<uint32_t>(plan.bm),
                                           CU_TENSOR_MAP_SWIZZLE_128B));
@@ -298,7 +305,7 @@ m3qkv_status sm90_fused_variant(const m3qkv_fused_args& a, const DeviceInfo& dev
   p.epi = epi::make_epilogue_params(a);
   p.split = plan.split;
   if (pre_a || prefill) {  // the grid converts x (and w) itself, then meets at the barrier
-    p.conv_x = sm90::DequantJob{static_cast<const uint8_t*>(a.xq), p.xsf, static_cast<uint8_t*>(xbf), a.m};
+    if (!xb) p.conv_x = sm90::DequantJob{static_cast<const uint8_t*>(a.xq), p.xsf, static_cast<uint8_t*>(xbf), a.m};
     if (prefill) p.conv_w = sm90::DequantJob{static_cast<const uint8_t*>(a.wq), p.wsf, wbf, n};
     p.conv_sync = reinterpret_cast<uint32_t*>(static_cast<uint8_t*>(ws) + host::kGridSyncOffset);
   }

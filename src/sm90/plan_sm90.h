@@ -144,8 +144,11 @@ inline bool pre_a_applies(const Plan& p, int64_t m, int64_t k) {
 }
 // Prefill step 2 (both operands converted: x̂ and ŵ, (M + N)·K·2 bytes of
 // workspace, the same cap) on the same plans.
-inline bool prefill_applies(const Plan& p, int64_t m, int64_t n, int64_t k) {
-  return p.cons == 2 && p.split == 1 && m > 0 && n > 0 && k > 0 && m <= kPreAMaxBytes / 2 / k - n;
+// With bf16 activations (x_bf16) x̂ is the caller's tensor: only ŵ is in the
+// workspace (N·K·2 bytes, the same cap).
+inline bool prefill_applies(const Plan& p, int64_t m, int64_t n, int64_t k, bool x_in_workspace = true) {
+  if (!(p.cons == 2 && p.split == 1 && m > 0 && n > 0 && k > 0)) return false;
+  return x_in_workspace ? m <= kPreAMaxBytes / 2 / k - n : n <= kPreAMaxBytes / 2 / k;
 }
 // The grid of the one-launch pre-A and prefill kernels, which convert their
 // operands before the mainloop (convert_sm90.cuh): one CTA per SM even where

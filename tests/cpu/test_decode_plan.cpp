@@ -565,15 +565,17 @@ TEST(Sm100DecodeLayout, ConfigBudgets) {
 
 }  // namespace
 
-// The routing rule (decode_plan.h): bf16 activations at every M, MXFP8 up to
-// 511 tokens (converted once per call above 32, by the transform warps below).
-TEST(DecodePlan, RoutingBf16EveryMMxfp8SmallM) {
+// The routing rule (decode_plan.h): bf16 activations up to 2047 tokens (the
+// prefill kernel from 2048), MXFP8 up to 511 tokens (converted once per call
+// above 32, by the transform warps below).
+TEST(DecodePlan, RoutingBf16BelowM2048Mxfp8SmallM) {
   using m3qkv::sm90::decode_preferred;
   for (int64_t m : {1, 4, 16, 32}) EXPECT_FALSE(m3qkv::sm90::decode_converts_x(m)) << m;
   for (int64_t m : {33, 256, 511}) EXPECT_TRUE(m3qkv::sm90::decode_converts_x(m)) << m;
   for (int heads : {12, 20, 39, 77}) {
-    for (int64_t m : {1, 16, 32, 33, 64, 128, 256, 512, 4096, 16384})
+    for (int64_t m : {1, 16, 32, 33, 64, 128, 256, 512, 1024, 2047})
       EXPECT_TRUE(decode_preferred(m, heads, true)) << m;
+    for (int64_t m : {2048, 4096, 16384}) EXPECT_FALSE(decode_preferred(m, heads, true)) << m;
     for (int64_t m : {1, 2, 16, 32, 33, 64, 256, 511}) EXPECT_TRUE(decode_preferred(m, heads, false)) << m;
     for (int64_t m : {512, 1024, 4096}) EXPECT_FALSE(decode_preferred(m, heads, false)) << m;
     for (bool b : {false, true}) {

@@ -282,6 +282,12 @@ TEST(Sm90Plan, PrefillKernelFromM1024WhereItsCopiesFit) {
   EXPECT_TRUE(sm90::prefill_applies(plan90(h200(33834, 77)), 33834, 9856, 6144));
   EXPECT_FALSE(sm90::prefill_applies(plan90(h200(33835, 77)), 33835, 9856, 6144));
   EXPECT_FALSE(sm90::prefill_applies(plan90(h200(512, 20)), 512, 2560, 6144)) << "64-row split-K plan";
+  // bf16 activations: only ŵ in the workspace, N·K·2 <= 512 MiB whatever M
+  // (N = 43690 at K = 6144; M 40000 would not fit beside x̂).
+  EXPECT_TRUE(sm90::prefill_applies(plan90(h200(40000, 77)), 40000, 9856, 6144, false));
+  EXPECT_FALSE(sm90::prefill_applies(plan90(h200(40000, 77)), 40000, 9856, 6144, true));
+  EXPECT_TRUE(sm90::prefill_applies(plan90(h200(4096, 341)), 4096, 43648, 6144, false));
+  EXPECT_FALSE(sm90::prefill_applies(plan90(h200(4096, 342)), 4096, 43776, 6144, false));
 }
 
 // The one-launch prefill kernels take every SM for their conversion unless

@@ -204,6 +204,23 @@ ProblemConfig random_config(const Heads& h, int64_t m, int64_t k, int kv, int ix
 
 // x_bf16 = the dequantized MXFP8 activations: the portable kernel stages the
 // same bf16 A tile on both paths, so every byte and every tap bit agree.
+// From M = 2048 the SM90 backend runs bf16 activations on the prefill kernel
+// (decode_plan.h kXbf16PrefillMinM: the caller's x is its x̂, only ŵ is
+// converted): exact data, golden bytes and tap, a partial last row block
+// (M = 2049), an odd head count (TP2: 39), out-of-range slots and positions.
+TEST(GpuXBf16Prefill, LargeMRoutesToThePrefillKernelBitExact) {
+  M3QKV_REQUIRE_GPU();
+  if (device_cc() != 90) GTEST_SKIP() << "the SM90 backend runs on CC 9.0 only (device: CC " << device_cc() << ")";
+  if (!arch_list_has(900)) GTEST_SKIP() << "this build has no sm_90a target";
+  print_seed_once();
+  const XCase cases[] = {{kTP8, 1, 1, 2048, 256, 128, 0, false}, {kTP2, 2, 1, 2049, 256, 16, 2, true},
+                         {kTP4, 0, 0, 4096, 128, 128, 0, false}};
+  for (const XCase& c : cases) {
+    const Problem p = make_problem(xconfig(c, /*exact=*/true));
+    ASSERT_NO_FATAL_FAILURE(check_exact(p, c, M3QKV_BACKEND_SM90));
+  }
+}
+
 TEST(GpuXBf16Random, DequantizedXMatchesTheMxfp8PathBytewise) {
   M3QKV_REQUIRE_GPU();
   print_seed_once();
