@@ -224,15 +224,17 @@ TEST(Sm90DecodeShapes, CountersOfAGrowingPlanOnOneStream_TP1) {
 }
 
 // The public API routes MXFP8 activations to the swap-AB kernel up to
-// kSwapAbMaxMxfp8M tokens and to the tile kernels above
+// kSwapAbMaxMxfp8M tokens and to the tile kernels above, bf16 ones below
+// kXbf16PrefillMinM and to the prefill kernel from there
 // (sm90::decode_preferred): either way the golden model's bytes.
 TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
   M3QKV_REQUIRE_SM90();
   print_seed_once();
   const int heads = kTP4.nq + 2 * kTP4.nkv + kTP4.niq + kTP4.nik;
-  ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads, false) && m3qkv::sm90_uses_decode(4096, heads, true));
+  ASSERT_TRUE(m3qkv::sm90_uses_decode(3, heads, false) &&
+              m3qkv::sm90_uses_decode(m3qkv::sm90::kXbf16PrefillMinM - 1, heads, true));
   ASSERT_FALSE(m3qkv::sm90_uses_decode(m3qkv::sm90::kSwapAbMaxMxfp8M + 1, heads, false) ||
-               m3qkv::sm90_uses_decode(m3qkv::sm90::kDecodeMaxM + 1, heads, true));
+               m3qkv::sm90_uses_decode(m3qkv::sm90::kXbf16PrefillMinM, heads, true));
   ASSERT_TRUE(!m3qkv::sm90::decode_converts_x(32) && m3qkv::sm90::decode_converts_x(33));
   for (int64_t m : {3, 64, 256, 600, 1300}) {
     const Problem p = make_problem(config(kTP4, m, 1024, /*exact=*/true, 16));
