@@ -334,21 +334,15 @@ m3qkv_status sm90_fused_fast(const m3qkv_fused_args& a, const DeviceInfo& dev, f
   if (tiles > INT32_MAX)
     return fail(M3QKV_ERROR_TOO_LARGE, "sm90_fused_fast: %lld tiles exceed the kernel's int32 tile index",
                 static_cast<long long>(tiles));
-  // The cluster: 2 row blocks sharing each weight tile where they exist and
-  // such clusters fit (automatic: measured fastest, 2-4 % ahead of none, and
-  // ahead of 2 x 2, whose four CTAs wait on each other's stages), else the 2
-  // heads of a lone row block, else one CTA; 4 = 2 x 2 only when asked.
-  int cm = m_blocks >= 2 ? 2 : 1, ch = heads >= 2 ? 2 : 1;
-  if (cluster == 1) cm = ch = 1;
-  if (cluster != 4 && cm * ch == 4) ch = 1;
-  if (cm * ch == 4 && setup->fast_clusters[2] == 0) ch = 1;
-  if (cm * ch == 2 && setup->fast_clusters[1] == 0) cm = ch = 1;
-  const int csize = cm * ch;
-  const int64_t ctiles = ((m_blocks + cm - 1) / cm) * ((heads + ch - 1) / ch);
-  int64_t clusters = std::min<int64_t>(ctiles, setup->fast_clusters[csize / 2] > 0 ? setup->fast_clusters[csize / 2]
-                                                                                  : dev.num_sms / csize);
-  if (a.grid > 0) clusters = std::min<int64_t>(clusters, std::max(1, a.grid / csize));
-  const int grid = static_cast<int>(std::max<int64_t>(1, clusters)) * csize;
+  sm90::FastPlanInput in;
+  in.m_blocks = m_blocks;
+  in.heads = heads;
+  in.cluster = cluster;
+  in.num_sms = dev.num_sms;
+  in.grid = a.grid;
+  for (int i = 0; i < 3; ++i) in.resident[i] = setup->fast_clusters[i];
+  const sm90::FastPlan fp = sm90::fast_plan(in);
+  const int cm = fp.clu_m, ch = fp.clu_h, grid = fp.grid;
   host::timing_mark(host::Phase::kPlan);
 
   // x' and the scales: the launch's body of the stream workspace.

@@ -4,6 +4,7 @@
 // launch_sm90.cu builds the parameters and launches what this says.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "host/status.h"
@@ -21,6 +22,43 @@ constexpr int kPlanMaxSplit = 8;  // portable cluster size limit (= kSm90MaxSpli
 constexpr int64_t kFastMinM = 1024;
 constexpr int64_t kFastMinHeads = 32;
 inline bool fast_preferred(int64_t m, int64_t heads) { return m >= kFastMinM && heads >= kFastMinHeads; }
+
+// The fast kernel's cluster and grid (fast_sm90.cu: 128-row x one-head
+// tiles). The cluster: 2 row blocks sharing each weight tile where they
+// exist and such clusters fit (automatic: measured fastest, 2-4 % ahead of
+// none, and ahead of 2 x 2, whose four CTAs wait on each other's stages),
+// else the 2 heads of a lone row block, else one CTA; 4 = 2 x 2 only when
+// asked. The persistent grid: one cluster per cluster tile up to the
+// resident clusters (num_sms / size where unknown), capped by the caller's grid.
+struct FastPlanInput {
+  int64_t m_blocks = 0, heads = 0;
+  int cluster = 0;  // 0 automatic, 1, 2, 4
+  int num_sms = 0;
+  int32_t grid = 0;  // the caller's override, 0 = auto
+  // Resident clusters of 1, 2, 4 CTAs (index log2; <= 0: not schedulable or unknown).
+  int resident[3] = {};
+};
+struct FastPlan {
+  int clu_m = 1, clu_h = 1;
+  int grid = 0;
+};
+inline FastPlan fast_plan(const FastPlanInput& in) {
+  int cm = in.m_blocks >= 2 ? 2 : 1, ch = in.heads >= 2 ? 2 : 1;
+  if (in.cluster == 1) cm = ch = 1;
+  if (in.cluster != 4 && cm * ch == 4) ch = 1;
+  if (cm * ch == 4 && in.resident[2] <= 0) ch = 1;
+  if (cm * ch == 2 && in.resident[1] <= 0) cm = ch = 1;
+  const int csize = cm * ch;
+  const int64_t ctiles = ((in.m_blocks + cm - 1) / cm) * ((in.heads + ch - 1) / ch);
+  const int res = in.resident[csize / 2];
+  int64_t clusters = std::min<int64_t>(ctiles, res > 0 ? res : in.num_sms / csize);
+  if (in.grid > 0) clusters = std::min<int64_t>(clusters, std::max(1, in.grid / csize));
+  FastPlan f;
+  f.clu_m = cm;
+  f.clu_h = ch;
+  f.grid = static_cast<int>(std::max<int64_t>(1, clusters)) * csize;
+  return f;
+}
 
 struct PlanInput {
   int64_t m = 0;

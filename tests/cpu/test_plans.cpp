@@ -306,6 +306,51 @@ TEST(Sm90Plan, FastKernelWhereItBeatsExactMode) {
   for (int64_t m : {1, 64, 512, 1023}) EXPECT_FALSE(fast_preferred(m, 77)) << m;
 }
 
+// The fast kernel's cluster and grid: 2 row blocks per cluster where there
+// are two and such clusters fit, the 2 heads of a lone row block, 2 x 2 only
+// when asked and schedulable, none where pairs are not schedulable; the
+// caller's grid caps it in whole clusters.
+TEST(Sm90Plan, FastPlanClustersAndGrid) {
+  using m3qkv::sm90::fast_plan;
+  using m3qkv::sm90::FastPlanInput;
+  FastPlanInput in;
+  in.m_blocks = 32, in.heads = 20, in.num_sms = 132;
+  in.resident[0] = 132, in.resident[1] = 66, in.resident[2] = 32;
+  auto f = fast_plan(in);  // 16 x 20 cluster tiles of 2 row blocks on 66 resident clusters
+  EXPECT_EQ(f.clu_m, 2);
+  EXPECT_EQ(f.clu_h, 1);
+  EXPECT_EQ(f.grid, 132);
+  in.cluster = 4;
+  f = fast_plan(in);
+  EXPECT_EQ(f.clu_m * f.clu_h, 4);
+  EXPECT_EQ(f.grid, 128);  // 32 resident clusters of 4
+  in.resident[2] = 0;
+  f = fast_plan(in);  // 2 x 2 not schedulable: 2 row blocks
+  EXPECT_EQ(f.clu_m, 2);
+  EXPECT_EQ(f.clu_h, 1);
+  in.cluster = 0, in.m_blocks = 1;
+  f = fast_plan(in);  // a lone row block: its 2 heads share the x' tile
+  EXPECT_EQ(f.clu_m, 1);
+  EXPECT_EQ(f.clu_h, 2);
+  EXPECT_EQ(f.grid, 20);  // 10 cluster tiles
+  in.m_blocks = 3, in.heads = 77, in.resident[1] = 0;
+  f = fast_plan(in);  // pairs of CTAs not schedulable: none, one CTA per tile up to the SMs
+  EXPECT_EQ(f.clu_m * f.clu_h, 1);
+  EXPECT_EQ(f.grid, 132);
+  in.resident[0] = 0;
+  EXPECT_EQ(fast_plan(in).grid, 132);  // unknown residency: num_sms / size
+  in.resident[0] = 132, in.resident[1] = 66, in.grid = 7;
+  f = fast_plan(in);  // the caller's grid caps it, in whole clusters
+  EXPECT_EQ(f.clu_m, 2);
+  EXPECT_EQ(f.grid, 6);
+  in.grid = 1;
+  EXPECT_EQ(fast_plan(in).grid, 2);  // at least one cluster
+  in.grid = 0, in.cluster = 1;
+  f = fast_plan(in);
+  EXPECT_EQ(f.clu_m * f.clu_h, 1);
+  EXPECT_EQ(f.grid, 132);  // 231 tiles, 132 resident
+}
+
 TEST(Sm90Plan, OneLaunchGridTakesEverySmUnlessOverridden) {
   m3qkv::sm90::Plan p;
   p.tiles = 96;
