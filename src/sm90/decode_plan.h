@@ -24,6 +24,13 @@ constexpr int64_t kDecodeMaxM = (int64_t{1} << 31) - 256;
 // (e.g. TP4 M = 512: 80 (head, token block) pairs on 132 SMs).
 constexpr int64_t kSwapAbTransformMaxM = 32;
 constexpr int64_t kSwapAbMaxMxfp8M = 511;
+// With few heads (TP8's 12) the tile kernels' unsplit 128-row tiles fill under
+// half of the SMs up to 768 tokens (heads · ceil(M/128) <= 72), while the
+// swap-AB plan splits K: on the H200 at TP8 M = 512 it took 0.74x the pre-A
+// kernel's time (41.2 vs 56.0 us), at M = 1024 1.24x the prefill kernel's
+// (CHANGELOG v28), so MXFP8 stays on it up to kSwapAbMaxMxfp8MFewHeads there.
+constexpr int kSwapAbFewHeads = 12;
+constexpr int64_t kSwapAbMaxMxfp8MFewHeads = 767;
 // bf16 activations take the prefill kernel from kXbf16PrefillMinM tokens:
 // they are its x̂ already (only the weights are converted per call); there it
 // took 0.71-0.97x this kernel's time on the H200 (TP1 / TP4 / TP8, M 2048 -
@@ -32,7 +39,8 @@ constexpr int64_t kSwapAbMaxMxfp8M = 511;
 constexpr int64_t kXbf16PrefillMinM = 2048;
 constexpr bool decode_preferred(int64_t m, int heads, bool x_bf16) {
   if (m < 1 || m > kDecodeMaxM || heads < 1) return false;
-  return x_bf16 ? m < kXbf16PrefillMinM : m <= kSwapAbMaxMxfp8M;
+  if (x_bf16) return m < kXbf16PrefillMinM;
+  return m <= (heads <= kSwapAbFewHeads ? kSwapAbMaxMxfp8MFewHeads : kSwapAbMaxMxfp8M);
 }
 constexpr bool decode_converts_x(int64_t m) { return m > kSwapAbTransformMaxM; }
 // Most splits the plan considers (a unit is at least one 128-K stage).

@@ -566,8 +566,8 @@ TEST(Sm100DecodeLayout, ConfigBudgets) {
 }  // namespace
 
 // The routing rule (decode_plan.h): bf16 activations up to 2047 tokens (the
-// prefill kernel from 2048), MXFP8 up to 511 tokens (converted once per call
-// above 32, by the transform warps below).
+// prefill kernel from 2048), MXFP8 up to 511 tokens, 767 with at most 12 heads
+// (converted once per call above 32, by the transform warps below).
 TEST(DecodePlan, RoutingBf16BelowM2048Mxfp8SmallM) {
   using m3qkv::sm90::decode_preferred;
   for (int64_t m : {1, 4, 16, 32}) EXPECT_FALSE(m3qkv::sm90::decode_converts_x(m)) << m;
@@ -577,7 +577,8 @@ TEST(DecodePlan, RoutingBf16BelowM2048Mxfp8SmallM) {
       EXPECT_TRUE(decode_preferred(m, heads, true)) << m;
     for (int64_t m : {2048, 4096, 16384}) EXPECT_FALSE(decode_preferred(m, heads, true)) << m;
     for (int64_t m : {1, 2, 16, 32, 33, 64, 256, 511}) EXPECT_TRUE(decode_preferred(m, heads, false)) << m;
-    for (int64_t m : {512, 1024, 4096}) EXPECT_FALSE(decode_preferred(m, heads, false)) << m;
+    for (int64_t m : {512, 767}) EXPECT_EQ(decode_preferred(m, heads, false), heads <= 12) << m << " " << heads;
+    for (int64_t m : {768, 1024, 4096}) EXPECT_FALSE(decode_preferred(m, heads, false)) << m;
     for (bool b : {false, true}) {
       EXPECT_FALSE(decode_preferred(0, heads, b));
       EXPECT_FALSE(decode_preferred(kDecodeMaxM + 1, heads, b));

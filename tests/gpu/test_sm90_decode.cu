@@ -251,6 +251,30 @@ TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
   }
 }
 
+// TP8's 12 heads keep MXFP8 on the swap-AB kernel up to kSwapAbMaxMxfp8MFewHeads
+// tokens (the tile kernels' 128-row tiles would fill under half of the SMs):
+// the golden model's bytes on both sides of that bound.
+TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP8) {
+  M3QKV_REQUIRE_SM90();
+  print_seed_once();
+  const int heads = kTP8.nq + 2 * kTP8.nkv + kTP8.niq + kTP8.nik;
+  ASSERT_TRUE(m3qkv::sm90_uses_decode(m3qkv::sm90::kSwapAbMaxMxfp8MFewHeads, heads, false));
+  ASSERT_FALSE(m3qkv::sm90_uses_decode(m3qkv::sm90::kSwapAbMaxMxfp8MFewHeads + 1, heads, false));
+  for (int64_t m : {600, 767, 768}) {
+    const Problem p = make_problem(config(kTP8, m, 1024, /*exact=*/true, 16));
+    const std::vector<float> acc = golden_acc(p);
+    DeviceInputs in;
+    CUDA_OK(in.upload(p));
+    FusedRun run;
+    run.backend = M3QKV_BACKEND_NONE;
+    Fetched got;
+    ASSERT_NO_FATAL_FAILURE(run_fused(p, in, run, 1, &got));
+    HostOutputs want = poisoned_host_outputs(p, 1);
+    golden_epilogue(p, acc.data(), &want);
+    expect_same_outputs(p, want, got, "API TP8 M " + std::to_string(m));
+  }
+}
+
 // Issue 30's grid rule: any `grid` is clamped to what every path can run —
 // the cooperative (pre-A / prefill) launches to the co-resident CTAs — so
 // every value gives status 0 and the golden bytes, at the M of each SM90 path.
