@@ -19,16 +19,12 @@
 //  * .block_scale.block32 is the sm_100f spelling of scale_vec::1X for
 //    kind::mxf8f6f4; scale_vec::NX needs sm_100a (§9.7.16.10.9.1 target notes).
 //
-// Emulation (issue 6): with M3QKV_TCGEN05_EMULATION the same names come from
-// ptx/emu/tcgen05_emu.cuh (functional model on sm_90a); the kernel body only
-// ever reaches Tensor Memory through these names.
+// The SM100 kernels include it through sm100/tensor_core.cuh, which the
+// tcgen05 emulation build (issue 6) points at the functional model of the
+// same names (sm100/emu/tcgen05_emu.cuh, on sm_90a).
 #pragma once
 
 #include <stdint.h>
-
-#if defined(M3QKV_TCGEN05_EMULATION)
-#include "ptx/emu/tcgen05_emu.cuh"
-#else
 
 namespace m3qkv::ptx {
 
@@ -171,5 +167,3 @@ __device__ __forceinline__ void tcgen05_ld_32x32b_x32(uint32_t taddr, uint32_t (
 __device__ __forceinline__ void tcgen05_wait_ld() { asm volatile("tcgen05.wait::ld.sync.aligned;" ::: "memory"); }
 
 }  // namespace m3qkv::ptx
-
-#endif  // M3QKV_TCGEN05_EMULATION

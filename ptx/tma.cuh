@@ -7,17 +7,10 @@
 // Facts relied on (same section):
 //  * complete_tx with the number of bytes copied (the whole box, out-of-bounds
 //    elements included: they are zero-filled) is performed on `mbar`.
-//  * .cta_group::2: `mbar` may be in the shared memory of the destination CTA
-//    or of its peer CTA (SM100 family only: sm_100a / sm_100f).
 //  * .multicast::cluster: the data goes to the same offset in every CTA of
-//    ctaMask; with .cta_group::2 the complete_tx for each destination CTA is
-//    sent to that CTA or to its peer, whichever has the %cluster_ctarank
-//    parity of the CTA holding `mbar`.
+//    ctaMask.
 // Coordinates are {innermost, outer} in elements of the tensor map.
-//
-// The .cta_group::2 forms are SM100-only: the tcgen05 emulation build
-// (issue 6, M3QKV_TCGEN05_EMULATION, sm_90a) supplies sm_90 forms with the
-// same completion semantics from ptx/emu/tma_sm100_emu.cuh.
+// The SM100-only .cta_group::2 forms: ptx/tma_sm100.cuh.
 #pragma once
 
 #include <stdint.h>
@@ -75,33 +68,3 @@ __device__ __forceinline__ void cp_async_bulk_shared_global(uint32_t dst, const 
 
 }  // namespace m3qkv::ptx
 
-#if defined(M3QKV_TCGEN05_EMULATION)
-#include "ptx/emu/tma_sm100_emu.cuh"
-#else
-namespace m3qkv::ptx {
-
-// 2-D tile load into this CTA whose complete_tx goes to `bar_cluster`, a
-// shared::cluster address (mapa) of a barrier in this CTA or its peer.
-__device__ __forceinline__ void cp_async_bulk_tensor_2d_cta_group_2(uint32_t dst, const void* tmap, int32_t x,
-                                                                    int32_t y, uint32_t bar_cluster) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.cta_group::2"
-      " [%0], [%1, {%2, %3}], [%4];" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(x), "r"(y), "r"(bar_cluster)
-      : "memory");
-}
-
-// 2-D tile load multicast to the CTAs of `cta_mask` (same smem offset in each);
-// complete_tx per destination goes to the pair CTA of `bar_cluster`'s parity.
-__device__ __forceinline__ void cp_async_bulk_tensor_2d_multicast_cta_group_2(uint32_t dst, const void* tmap, int32_t x,
-                                                                              int32_t y, uint32_t bar_cluster,
-                                                                              uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
-      ".cta_group::2 [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(tmap)), "r"(x), "r"(y), "r"(bar_cluster), "h"(cta_mask)
-      : "memory");
-}
-
-}  // namespace m3qkv::ptx
-#endif  // M3QKV_TCGEN05_EMULATION

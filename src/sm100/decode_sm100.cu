@@ -37,7 +37,7 @@
 #include "ptx/griddepcontrol.cuh"
 #include "ptx/mbarrier.cuh"
 #include "ptx/barrier.cuh"
-#include "ptx/tcgen05.cuh"
+#include "sm100/tensor_core.cuh"  // tcgen05 and the .cta_group::2 TMA forms (or their emulation)
 #include "ptx/tma.cuh"
 #include "sm100/decode_config.h"
 #include "sm100/desc.h"

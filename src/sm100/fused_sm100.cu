@@ -23,7 +23,7 @@
 #include <cstdint>
 
 // Emulation builds: this TU defines the C test hooks of the tcgen05 model
-// (ptx/emu/tcgen05_emu.cuh); they act on every SM100 kernel TU's model state.
+// (src/sm100/emu/tcgen05_emu.cuh); they act on every SM100 kernel TU's model state.
 #define M3QKV_EMU_DEFINE_HOOKS 1
 
 #include "common/epilogue.cuh"
@@ -48,7 +48,7 @@ constexpr bool kUseSetmaxnreg = false;
 #else
 constexpr bool kUseSetmaxnreg = true;
 #endif
-#include "ptx/tcgen05.cuh"
+#include "sm100/tensor_core.cuh"  // tcgen05 and the .cta_group::2 TMA forms (or their emulation)
 #include "ptx/tma.cuh"
 #include "sm100/config.h"
 #include "sm100/desc.h"

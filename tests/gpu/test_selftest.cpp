@@ -45,7 +45,7 @@
 #define M3QKV_TCGEN05_EMULATION 0
 #endif
 
-// Linked only into a tcgen05 emulation build (ptx/emu/tcgen05_emu.cuh).
+// Linked only into a tcgen05 emulation build (src/sm100/emu/tcgen05_emu.cuh).
 extern "C" __attribute__((weak)) int m3qkv_emu_tmem_leaks(void);
 
 namespace {

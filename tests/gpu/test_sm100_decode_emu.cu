@@ -45,7 +45,7 @@
 #include "sm100/sm100.h"
 #endif
 
-// Test hooks of the emulation build (ptx/emu/tcgen05_emu.cuh); weak, so this
+// Test hooks of the emulation build (src/sm100/emu/tcgen05_emu.cuh); weak, so this
 // file links against a normal build too (they are then null and the tests skip).
 extern "C" {
 __attribute__((weak)) int m3qkv_emu_present(void);

@@ -1,6 +1,6 @@
 // The SM100 (tcgen05) kernel run on an H100/H200 through the tcgen05 emulation
 // (issue 6, docs/emulation.md): the same kernel source built for sm_90a with
-// ptx/emu/ replacing Tensor Memory, the tensor core and the SM100-only TMA
+// src/sm100/emu/ replacing Tensor Memory, the tensor core and the SM100-only TMA
 // forms, forced with m3qkv_testing_fused_qkv(..., M3QKV_BACKEND_SM100, ...).
 //
 //  - Sm100EmuExact: exact data (acc exact on any hardware), every output byte
@@ -57,9 +57,9 @@
 #include "golden/golden.h"
 #include "gpu/gpu_util.h"
 #include "gpu/harness.h"
-#include "ptx/emu/tcgen05_emu.cuh"  // unit tests of the model itself (misuse traps)
+#include "sm100/emu/tcgen05_emu.cuh"  // unit tests of the model itself (misuse traps)
 
-// Test hooks of the emulation build (ptx/emu/tcgen05_emu.cuh); weak, so this
+// Test hooks of the emulation build (src/sm100/emu/tcgen05_emu.cuh); weak, so this
 // file links against a normal build too (they are then null and the tests skip).
 extern "C" {
 __attribute__((weak)) int m3qkv_emu_present(void);
@@ -617,7 +617,7 @@ std::string mma_unit_name(const ::testing::TestParamInfo<MmaUnit>& i) {
 INSTANTIATE_TEST_SUITE_P(Layouts, Sm100EmuMmaUnit, ::testing::ValuesIn(mma_unit_cases()), mma_unit_name);
 
 // ------------------------------------------------------------ negative
-// Descriptor bits (ptx/emu/tcgen05_emu.cuh decode; src/sm100/desc.h layout).
+// Descriptor bits (src/sm100/emu/tcgen05_emu.cuh decode; src/sm100/desc.h layout).
 constexpr unsigned kIdescSfIds = (1u << 4) | (1u << 29);          // SFB id 0<->1, SFA id 0<->1 (per k slice)
 constexpr unsigned long long kSwizzle128To64 = 6ull << 61;        // mode 2 (128B) -> 4 (64B)
 // SF source SBO 128 B -> 64 B (rows overlap; stays inside the 512-B chunk: a

@@ -1,4 +1,4 @@
-// sm_90 implementations of the SM100-only TMA forms of ptx/tma.cuh for the
+// sm_90 implementations of the SM100-only TMA forms of ptx/tma_sm100.cuh for the
 // tcgen05 emulation build (M3QKV_TCGEN05_EMULATION), with the same completion
 // semantics (PTX ISA 9.x §9.7.9.25.5.2 cp.async.bulk.tensor):
 //  * .cta_group::2: the box lands in this CTA's shared memory at `dst`; its
@@ -24,7 +24,7 @@
 
 #include <stdint.h>
 
-#include "ptx/emu/emu_common.cuh"
+#include "sm100/emu/emu_common.cuh"
 
 namespace m3qkv::ptx::emu {
 

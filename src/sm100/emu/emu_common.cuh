@@ -21,7 +21,7 @@ namespace m3qkv::ptx::emu {
 struct TrapRecord {  // 4-byte words only (copied word by word); `state` first
   unsigned int state;  // 0 empty, 1 being written, 2 complete
   unsigned int count;  // traps seen (all threads, all launches since the reset)
-  unsigned int line;   // source line (in ptx/emu/) of the trap
+  unsigned int line;   // source line (in src/sm100/emu/) of the trap
   unsigned int block_x, thread_x, cluster_rank, cluster_size, smid;
   unsigned long long gridid;
   unsigned long long v[4];  // key numbers; meaning per trap site (see the site)

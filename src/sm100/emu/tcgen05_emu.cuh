@@ -51,7 +51,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "ptx/emu/emu_common.cuh"
+#include "sm100/emu/emu_common.cuh"
 
 namespace m3qkv::ptx::emu {
 
@@ -516,7 +516,7 @@ inline std::vector<Unit>& units() {
 inline TrapRecord* g_host_rec = nullptr;  // mapped pinned, shared by every TU, never freed (must outlive a dead context)
 inline void print_record(const TrapRecord& r, FILE* f) {
   fprintf(f,
-          "[m3qkv tcgen05 emulation] trap record (%u trap(s)): ptx/emu line %u, block %u thread %u, cluster rank %u/%u, "
+          "[m3qkv tcgen05 emulation] trap record (%u trap(s)): sm100/emu line %u, block %u thread %u, cluster rank %u/%u, "
           "SM %u, gridid %llu: \"%s\"; v = {%#llx, %#llx, %#llx, %#llx}\n",
           r.count, r.line, r.block_x, r.thread_x, r.cluster_rank, r.cluster_size, r.smid, r.gridid, r.fmt, r.v[0],
           r.v[1], r.v[2], r.v[3]);
