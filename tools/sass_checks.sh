@@ -208,7 +208,7 @@ fi
 # CG = cta_group 1 and 2, SASS arch sm_100f.
 #
 # Opcode names cuobjdump/nvdisasm 13.x print for the instructions of
-# ptx/tcgen05.cuh and ptx/tma.cuh (seen in this build, sm_100f):
+# ptx/tcgen05.cuh and ptx/tma_sm100.cuh (seen in this build, sm_100f):
 #   tcgen05.mma.cta_group::1.kind::mxf8f6f4.block_scale.block32
 #       -> UTCQMMA gdesc[a], gdesc[b], tmem[d], tmem[sfa], idesc[..], tmem[sfb], UP
 #   ...cta_group::2                      -> UTCQMMA.2CTA (same operands)
