@@ -223,6 +223,22 @@ TEST(Sm90DecodeShapes, CountersOfAGrowingPlanOnOneStream_TP1) {
   }
 }
 
+// One call of the public API (automatic backend and route) on exact random
+// data, outputs poisoned (salt 1): the golden model's bytes.
+void expect_api_golden(const Heads& h, int64_t m, const std::string& what) {
+  const Problem p = make_problem(config(h, m, 1024, /*exact=*/true, 16));
+  const std::vector<float> acc = golden_acc(p);
+  DeviceInputs in;
+  CUDA_OK(in.upload(p));
+  FusedRun run;
+  run.backend = M3QKV_BACKEND_NONE;
+  Fetched got;
+  ASSERT_NO_FATAL_FAILURE(run_fused(p, in, run, 1, &got));
+  HostOutputs want = poisoned_host_outputs(p, 1);
+  golden_epilogue(p, acc.data(), &want);
+  expect_same_outputs(p, want, got, what + std::to_string(m));
+}
+
 // The public API routes MXFP8 activations to the swap-AB kernel up to
 // kSwapAbMaxMxfp8M tokens and to the tile kernels above, bf16 ones below
 // kXbf16PrefillMinM and to the prefill kernel from there
@@ -236,19 +252,7 @@ TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP4) {
   ASSERT_FALSE(m3qkv::sm90_uses_decode(m3qkv::sm90::kSwapAbMaxMxfp8M + 1, heads, false) ||
                m3qkv::sm90_uses_decode(m3qkv::sm90::kXbf16PrefillMinM, heads, true));
   ASSERT_TRUE(!m3qkv::sm90::decode_converts_x(32) && m3qkv::sm90::decode_converts_x(33));
-  for (int64_t m : {3, 64, 256, 600, 1300}) {
-    const Problem p = make_problem(config(kTP4, m, 1024, /*exact=*/true, 16));
-    const std::vector<float> acc = golden_acc(p);
-    DeviceInputs in;
-    CUDA_OK(in.upload(p));
-    FusedRun run;
-    run.backend = M3QKV_BACKEND_NONE;
-    Fetched got;
-    ASSERT_NO_FATAL_FAILURE(run_fused(p, in, run, 1, &got));
-    HostOutputs want = poisoned_host_outputs(p, 1);
-    golden_epilogue(p, acc.data(), &want);
-    expect_same_outputs(p, want, got, "API TP4 M " + std::to_string(m));
-  }
+  for (int64_t m : {3, 64, 256, 600, 1300}) ASSERT_NO_FATAL_FAILURE(expect_api_golden(kTP4, m, "API TP4 M "));
 }
 
 // TP8's 12 heads keep MXFP8 on the swap-AB kernel up to kSwapAbMaxMxfp8MFewHeads
@@ -260,19 +264,7 @@ TEST(Sm90DecodeShapes, ApiRoutesDecodeSizes_TP8) {
   const int heads = kTP8.nq + 2 * kTP8.nkv + kTP8.niq + kTP8.nik;
   ASSERT_TRUE(m3qkv::sm90_uses_decode(m3qkv::sm90::kSwapAbMaxMxfp8MFewHeads, heads, false));
   ASSERT_FALSE(m3qkv::sm90_uses_decode(m3qkv::sm90::kSwapAbMaxMxfp8MFewHeads + 1, heads, false));
-  for (int64_t m : {600, 767, 768}) {
-    const Problem p = make_problem(config(kTP8, m, 1024, /*exact=*/true, 16));
-    const std::vector<float> acc = golden_acc(p);
-    DeviceInputs in;
-    CUDA_OK(in.upload(p));
-    FusedRun run;
-    run.backend = M3QKV_BACKEND_NONE;
-    Fetched got;
-    ASSERT_NO_FATAL_FAILURE(run_fused(p, in, run, 1, &got));
-    HostOutputs want = poisoned_host_outputs(p, 1);
-    golden_epilogue(p, acc.data(), &want);
-    expect_same_outputs(p, want, got, "API TP8 M " + std::to_string(m));
-  }
+  for (int64_t m : {600, 767, 768}) ASSERT_NO_FATAL_FAILURE(expect_api_golden(kTP8, m, "API TP8 M "));
 }
 
 // Issue 30's grid rule: any `grid` is clamped to what every path can run —
