@@ -26,9 +26,8 @@ constexpr int64_t kSwapAbTransformMaxM = 32;
 constexpr int64_t kSwapAbMaxMxfp8M = 511;
 // With few heads (TP8's 12) the tile kernels' unsplit 128-row tiles fill under
 // half of the SMs up to 768 tokens (heads · ceil(M/128) <= 72), while the
-// swap-AB plan splits K: on the H200 at TP8 M = 512 it took 0.74x the pre-A
-// kernel's time (41.2 vs 56.0 us), at M = 1024 1.24x the prefill kernel's
-// (CHANGELOG v28), so MXFP8 stays on it up to kSwapAbMaxMxfp8MFewHeads there.
+// swap-AB plan splits K; from 1024 tokens the prefill kernel is faster again
+// (bench pairs sm90_decode_xhat / sm90_A_preA / sm90_prefill, CHANGELOG v28, v30).
 constexpr int kSwapAbFewHeads = 12;
 constexpr int64_t kSwapAbMaxMxfp8MFewHeads = 767;
 // bf16 activations take the prefill kernel from kXbf16PrefillMinM tokens:
