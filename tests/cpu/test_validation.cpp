@@ -24,17 +24,15 @@
 #include "api/extents.h"
 #include "api/validate.h"
 #include "m3qkv/m3qkv.h"
-#include "valid_args.h"
+#include "validation_cases.h"
 
 namespace {
 
-using m3qkv_valid_args::fake;
-
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
-  return buf;
-}
+using namespace m3qkv_validation;
+using m3qkv_valid_args::valid_fused;
+using m3qkv_valid_args::valid_gemm;
+using m3qkv_valid_args::valid_insert;
+using m3qkv_valid_args::valid_quantize;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -45,121 +43,6 @@ bool process_sees_a_gpu() {
   (void)cudaGetLastError();
   return gpu;
 }
-
-// Valid argument structs: tests/cpu/valid_args.h (shared with the dispatch tests).
-using m3qkv_valid_args::valid_fused;
-using m3qkv_valid_args::valid_gemm;
-using m3qkv_valid_args::valid_insert;
-using m3qkv_valid_args::valid_quantize;
-
-// Per-struct glue: the valid struct, the validator, the public entry point
-// and the function name that must open every message.
-template <class A>
-struct Api;
-template <>
-struct Api<m3qkv_fused_args> {
-  static m3qkv_fused_args valid() { return valid_fused(); }
-  static m3qkv_status validate(const m3qkv_fused_args* a, bool* n) {
-    m3qkv_fused_args out;
-    return m3qkv::validate_fused(a, &out, n);
-  }
-  static m3qkv_status validate_into(const m3qkv_fused_args* a, m3qkv_fused_args* out) {
-    bool noop = false;
-    return m3qkv::validate_fused(a, out, &noop);
-  }
-  static m3qkv_status call(const m3qkv_fused_args* a) { return m3qkv_fused_qkv(a, nullptr); }
-  static constexpr const char* fn = "m3qkv_fused_qkv";
-};
-template <>
-struct Api<m3qkv_insert_args> {
-  static m3qkv_insert_args valid() { return valid_insert(); }
-  static m3qkv_status validate(const m3qkv_insert_args* a, bool* n) {
-    m3qkv_insert_args out;
-    return m3qkv::validate_insert(a, &out, n);
-  }
-  static m3qkv_status validate_into(const m3qkv_insert_args* a, m3qkv_insert_args* out) {
-    bool noop = false;
-    return m3qkv::validate_insert(a, out, &noop);
-  }
-  static m3qkv_status call(const m3qkv_insert_args* a) { return m3qkv_qknorm_rope_kv_insert(a, nullptr); }
-  static constexpr const char* fn = "m3qkv_qknorm_rope_kv_insert";
-};
-template <>
-struct Api<m3qkv_gemm_args> {
-  static m3qkv_gemm_args valid() { return valid_gemm(); }
-  static m3qkv_status validate(const m3qkv_gemm_args* a, bool* n) {
-    m3qkv_gemm_args out;
-    return m3qkv::validate_gemm(a, &out, n);
-  }
-  static m3qkv_status validate_into(const m3qkv_gemm_args* a, m3qkv_gemm_args* out) {
-    bool noop = false;
-    return m3qkv::validate_gemm(a, out, &noop);
-  }
-  static m3qkv_status call(const m3qkv_gemm_args* a) { return m3qkv_mxfp8_gemm(a, nullptr); }
-  static constexpr const char* fn = "m3qkv_mxfp8_gemm";
-};
-template <>
-struct Api<m3qkv_quantize_args> {
-  static m3qkv_quantize_args valid() { return valid_quantize(); }
-  static m3qkv_status validate(const m3qkv_quantize_args* a, bool* n) {
-    m3qkv_quantize_args out;
-    return m3qkv::validate_quantize(a, &out, n);
-  }
-  static m3qkv_status validate_into(const m3qkv_quantize_args* a, m3qkv_quantize_args* out) {
-    bool noop = false;
-    return m3qkv::validate_quantize(a, out, &noop);
-  }
-  static m3qkv_status call(const m3qkv_quantize_args* a) { return m3qkv_mxfp8_quantize(a, nullptr); }
-  static constexpr const char* fn = "m3qkv_mxfp8_quantize";
-};
-
-// One rejection rule: how to break a valid struct, the expected status and
-// substrings the message must contain (argument name and value).
-template <class A>
-struct Case {
-  std::string name;
-  std::function<void(A&)> mutate;
-  m3qkv_status want;
-  std::vector<std::string> needles;
-};
-template <class A>
-void PrintTo(const Case<A>& c, std::ostream* os) {
-  *os << c.name;
-}
-
-// Breaks a valid struct per `c` and checks validate_* and the public entry
-// point reject it with the same status and a message naming the argument.
-template <class A>
-void expect_rejected(const Case<A>& c) {
-  A a = Api<A>::valid();
-  c.mutate(a);
-  bool noop = true;
-  const m3qkv_status direct = Api<A>::validate(&a, &noop);
-  EXPECT_FALSE(noop);
-  // Guard: never call the public API with arguments that pass validation.
-  ASSERT_NE(direct, M3QKV_SUCCESS) << "case " << c.name << " was accepted by validation";
-  EXPECT_EQ(direct, c.want) << m3qkv_status_string(direct) << ": " << m3qkv_last_error();
-
-  const m3qkv_status st = Api<A>::call(&a);
-  const std::string msg = m3qkv_last_error();
-  EXPECT_EQ(st, c.want) << m3qkv_status_string(st) << ": " << msg;
-  EXPECT_EQ(msg.rfind(std::string(Api<A>::fn) + ": ", 0), 0u) << msg;
-  for (const std::string& n : c.needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
-}
-
-template <class A>
-std::vector<Case<A>> concat(std::vector<Case<A>> a, const std::vector<Case<A>>& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
-
-// Shorthands for the case tables.
-constexpr m3qkv_status kShape = M3QKV_ERROR_INVALID_SHAPE;
-constexpr m3qkv_status kArg = M3QKV_ERROR_INVALID_ARGUMENT;
-constexpr m3qkv_status kNull = M3QKV_ERROR_NULL_POINTER;
-constexpr m3qkv_status kAlign = M3QKV_ERROR_MISALIGNED;
-constexpr m3qkv_status kLarge = M3QKV_ERROR_TOO_LARGE;
-constexpr m3qkv_status kSize = M3QKV_ERROR_STRUCT_SIZE;
 
 // Float rules: each bad value of `field` (a member pointer) gives kArg with "<field> = <value>".
 template <class A>
@@ -492,11 +375,6 @@ std::vector<Case<m3qkv_quantize_args>> quantize_cases() {
   return c;
 }
 
-template <class A>
-std::string case_name(const testing::TestParamInfo<Case<A>>& info) {
-  return info.param.name;
-}
-
 // ---------------------------------------------------------------------------
 // One parameterized test per rule and entry point.
 // ---------------------------------------------------------------------------
@@ -524,7 +402,7 @@ TEST(Validation, MessageFormatIsExact) {
   m3qkv_fused_args a = valid_fused();
   a.k = 100;
   bool noop = false;
-  ASSERT_EQ(Api<m3qkv_fused_args>::validate(&a, &noop), M3QKV_ERROR_INVALID_SHAPE);
+  ASSERT_EQ(validate(&a, &noop), M3QKV_ERROR_INVALID_SHAPE);
   EXPECT_STREQ(m3qkv_last_error(), "m3qkv_fused_qkv: k = 100 is not a multiple of 128");
 
   a = valid_fused();
@@ -543,18 +421,11 @@ TEST(Validation, NullArgsRejected) {
   EXPECT_EQ(m3qkv_mxfp8_quantize(nullptr, nullptr), M3QKV_ERROR_NULL_POINTER);
   EXPECT_STREQ(m3qkv_last_error(), "m3qkv_mxfp8_quantize: args = NULL");
   bool noop = true;
-  EXPECT_EQ(Api<m3qkv_fused_args>::validate(nullptr, &noop), M3QKV_ERROR_NULL_POINTER);
+  EXPECT_EQ(validate<m3qkv_fused_args>(nullptr, &noop), M3QKV_ERROR_NULL_POINTER);
   EXPECT_FALSE(noop);
 }
 
 // Valid variants pass validation (validate_* directly: no launch on GPU machines).
-template <class A>
-void expect_valid(const A& a, const char* what) {
-  bool noop = true;
-  EXPECT_EQ(Api<A>::validate(&a, &noop), M3QKV_SUCCESS) << what << ": " << m3qkv_last_error();
-  EXPECT_FALSE(noop) << what;
-}
-
 TEST(Validation, ValidFusedVariantsPass) {
   using A = m3qkv_fused_args;
   const std::vector<std::pair<const char*, std::function<void(A&)>>> variants = {
@@ -647,7 +518,7 @@ TEST(Validation, EmptyBatchIsNoopWithNullPointers) {
   f.kv_cache = f.index_cache = f.q_out = f.q_fp8_out = f.index_q_out = nullptr;
   f.error_flags = fake<uint32_t>(23, 1);  // misaligned, but never looked at
   bool noop = false;
-  EXPECT_EQ(Api<m3qkv_fused_args>::validate(&f, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(validate(&f, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
   EXPECT_TRUE(noop);
   EXPECT_EQ(m3qkv_fused_qkv(&f, nullptr), M3QKV_SUCCESS) << m3qkv_last_error();
   EXPECT_STREQ(m3qkv_last_error(), "");
@@ -659,7 +530,7 @@ TEST(Validation, EmptyBatchIsNoopWithNullPointers) {
   i.kv_cache = nullptr;
   i.q_out = i.q_fp8_out = nullptr;
   noop = false;
-  EXPECT_EQ(Api<m3qkv_insert_args>::validate(&i, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(validate(&i, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
   EXPECT_TRUE(noop);
   EXPECT_EQ(m3qkv_qknorm_rope_kv_insert(&i, nullptr), M3QKV_SUCCESS) << m3qkv_last_error();
 
@@ -840,39 +711,32 @@ TEST(ApiDevice, NoDeviceGivesUnsupportedDevice) {
 // as defaults.
 // ---------------------------------------------------------------------------
 template <class A>
-void expect_released_size_accepted(size_t v1) {
-  // What a binary built against m3qkv 0.1 passes: its sizeof, then whatever
-  // lies in memory after its struct (poison here).
-  std::vector<unsigned char> buf(sizeof(A) + 64, 0xAB);
-  A valid = Api<A>::valid();
-  valid.struct_size = v1;
-  std::memcpy(buf.data(), &valid, v1);
-  const A* args = reinterpret_cast<const A*>(buf.data());
-  A out;
-  std::memset(&out, 0x5C, sizeof(out));
-  bool noop = true;
-  ASSERT_EQ(Api<A>::validate(args, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
-  EXPECT_FALSE(noop);
-  ASSERT_EQ(Api<A>::validate_into(args, &out), M3QKV_SUCCESS) << m3qkv_last_error();
-  EXPECT_EQ(out.struct_size, sizeof(A));
-  EXPECT_EQ(std::memcmp(reinterpret_cast<const char*>(&out) + sizeof(size_t),
-                        reinterpret_cast<const char*>(&valid) + sizeof(size_t), v1 - sizeof(size_t)),
-            0)
-      << "the caller's fields were not copied";
-  for (size_t i = v1; i < sizeof(A); ++i) {
-    EXPECT_EQ(reinterpret_cast<const unsigned char*>(&out)[i], 0) << "byte " << i << " past struct_size is not 0";
+void expect_released_sizes_accepted() {
+  for (size_t v1 : Api<A>::kReleased) {
+    SCOPED_TRACE(v1);
+    const A valid = Api<A>::valid();
+    A out;
+    bool noop = true;
+    ASSERT_EQ(validate_released(valid, v1, v1, &out, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+    EXPECT_FALSE(noop);
+    EXPECT_EQ(out.struct_size, sizeof(A));
+    EXPECT_EQ(std::memcmp(reinterpret_cast<const char*>(&out) + sizeof(size_t),
+                          reinterpret_cast<const char*>(&valid) + sizeof(size_t), v1 - sizeof(size_t)),
+              0)
+        << "the caller's fields were not copied";
+    for (size_t i = v1; i < sizeof(A); ++i) {
+      EXPECT_EQ(reinterpret_cast<const unsigned char*>(&out)[i], 0) << "byte " << i << " past struct_size is not 0";
+    }
   }
 }
 
+// The sizes of 0.1 and 0.2 (Api<A>::kReleased): fields past them (0.2's cache
+// formats, 0.3's x_bf16) read as defaults.
 TEST(StructSize, TheReleasedSizesAreAccepted) {
-  // m3qkv 0.1 on LP64 (the first release; src/api/validate.cpp pins them).
-  expect_released_size_accepted<m3qkv_fused_args>(264);
-  expect_released_size_accepted<m3qkv_insert_args>(232);
-  expect_released_size_accepted<m3qkv_gemm_args>(80);
-  expect_released_size_accepted<m3qkv_quantize_args>(56);
-  // m3qkv 0.2 (the cache formats; gemm and quantize unchanged): x_bf16 past it reads as NULL.
-  expect_released_size_accepted<m3qkv_fused_args>(296);
-  expect_released_size_accepted<m3qkv_insert_args>(264);
+  expect_released_sizes_accepted<m3qkv_fused_args>();
+  expect_released_sizes_accepted<m3qkv_insert_args>();
+  expect_released_sizes_accepted<m3qkv_gemm_args>();
+  expect_released_sizes_accepted<m3qkv_quantize_args>();
 }
 
 TEST(StructSize, OtherSizesAreRejectedWithTheAcceptedOnes) {

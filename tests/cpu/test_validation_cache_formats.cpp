@@ -6,54 +6,20 @@
 // to express are accepted: vLLM flash [num_blocks, block_size, nkv, 128] as two
 // tensors or as one [num_blocks, 2, block_size, nkv, 128] allocation, head-major
 // pages, padded rows and pages, V before K.
-//
-// Fake device pointers only (tests/cpu/valid_args.h): a public entry point is
-// called only with arguments validation rejects, so nothing is ever launched.
+// Shared machinery (Api, Case, expect_rejected): validation_cases.h.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <functional>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
-#include "api/internal.h"
-#include "api/validate.h"
-#include "m3qkv/m3qkv.h"
-#include "valid_args.h"
+#include "validation_cases.h"
 
 namespace {
 
-using m3qkv_valid_args::fake;
-
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
-  return buf;
-}
-
-template <class A>
-struct Api;
-template <>
-struct Api<m3qkv_fused_args> {
-  static m3qkv_fused_args valid() { return m3qkv_valid_args::valid_fused(); }
-  static m3qkv_status validate(const m3qkv_fused_args* a, bool* n) {
-    m3qkv_fused_args out;
-    return m3qkv::validate_fused(a, &out, n);
-  }
-  static m3qkv_status call(const m3qkv_fused_args* a) { return m3qkv_fused_qkv(a, nullptr); }
-  static constexpr const char* fn = "m3qkv_fused_qkv";
-};
-template <>
-struct Api<m3qkv_insert_args> {
-  static m3qkv_insert_args valid() { return m3qkv_valid_args::valid_insert(); }
-  static m3qkv_status validate(const m3qkv_insert_args* a, bool* n) {
-    m3qkv_insert_args out;
-    return m3qkv::validate_insert(a, &out, n);
-  }
-  static m3qkv_status call(const m3qkv_insert_args* a) { return m3qkv_qknorm_rope_kv_insert(a, nullptr); }
-  static constexpr const char* fn = "m3qkv_qknorm_rope_kv_insert";
-};
+using namespace m3qkv_validation;
 
 // The valid TP4 struct (nkv 1, block_size 16, num_blocks 4, kv_page_stride
 // 2304) turned into a valid FP8 one: K rows of 128 B, two separate tensors
@@ -84,40 +50,6 @@ void to_bf16_interleaved(A& a) {
   a.kv_page_stride = 2 * 16384;
   a.v_cache = static_cast<char*>(a.kv_cache) + 16384;
 }
-
-template <class A>
-struct Case {
-  std::string name;
-  std::function<void(A&)> mutate;
-  m3qkv_status want;
-  std::vector<std::string> needles;
-};
-template <class A>
-void PrintTo(const Case<A>& c, std::ostream* os) {
-  *os << c.name;
-}
-
-template <class A>
-void expect_rejected(const Case<A>& c) {
-  A a = Api<A>::valid();
-  c.mutate(a);
-  bool noop = true;
-  const m3qkv_status direct = Api<A>::validate(&a, &noop);
-  EXPECT_FALSE(noop);
-  ASSERT_NE(direct, M3QKV_SUCCESS) << "case " << c.name << " was accepted by validation";
-  EXPECT_EQ(direct, c.want) << m3qkv_status_string(direct) << ": " << m3qkv_last_error();
-  const m3qkv_status st = Api<A>::call(&a);
-  const std::string msg = m3qkv_last_error();
-  EXPECT_EQ(st, c.want) << m3qkv_status_string(st) << ": " << msg;
-  EXPECT_EQ(msg.rfind(std::string(Api<A>::fn) + ": ", 0), 0u) << msg;
-  for (const std::string& n : c.needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
-}
-
-constexpr m3qkv_status kShape = M3QKV_ERROR_INVALID_SHAPE;
-constexpr m3qkv_status kArg = M3QKV_ERROR_INVALID_ARGUMENT;
-constexpr m3qkv_status kNull = M3QKV_ERROR_NULL_POINTER;
-constexpr m3qkv_status kAlign = M3QKV_ERROR_MISALIGNED;
-constexpr m3qkv_status kLarge = M3QKV_ERROR_TOO_LARGE;
 
 template <class A>
 std::vector<Case<A>> cases() {
@@ -208,11 +140,6 @@ std::vector<Case<A>> cases() {
   };
 }
 
-template <class A>
-std::string case_name(const testing::TestParamInfo<Case<A>>& info) {
-  return info.param.name;
-}
-
 class FusedCacheFormatValidation : public testing::TestWithParam<Case<m3qkv_fused_args>> {};
 TEST_P(FusedCacheFormatValidation, Rejects) { expect_rejected(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Rules, FusedCacheFormatValidation, testing::ValuesIn(cases<m3qkv_fused_args>()),
@@ -222,13 +149,6 @@ class InsertCacheFormatValidation : public testing::TestWithParam<Case<m3qkv_ins
 TEST_P(InsertCacheFormatValidation, Rejects) { expect_rejected(GetParam()); }
 INSTANTIATE_TEST_SUITE_P(Rules, InsertCacheFormatValidation, testing::ValuesIn(cases<m3qkv_insert_args>()),
                          case_name<m3qkv_insert_args>);
-
-template <class A>
-void expect_valid(const A& a, const std::string& what) {
-  bool noop = true;
-  EXPECT_EQ(Api<A>::validate(&a, &noop), M3QKV_SUCCESS) << what << ": " << m3qkv_last_error();
-  EXPECT_FALSE(noop) << what;
-}
 
 template <class A>
 void valid_layouts() {
@@ -287,15 +207,15 @@ TEST(CacheFormatValidation, EmptyBatch) {
   a.m = 0;
   a.kv_cache_dtype = 5;
   bool noop = false;
-  EXPECT_EQ(Api<m3qkv_fused_args>::validate(&a, &noop), M3QKV_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(validate(&a, &noop), M3QKV_ERROR_INVALID_ARGUMENT);
   a = m3qkv_valid_args::valid_fused();
   a.m = 0;
   to_fp8(a);
   a.v_cache = nullptr;  // not looked at on an empty batch
-  EXPECT_EQ(Api<m3qkv_fused_args>::validate(&a, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+  EXPECT_EQ(validate(&a, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
   EXPECT_TRUE(noop);
   a.kv_token_stride = 8;  // a scalar rule: still checked
-  EXPECT_EQ(Api<m3qkv_fused_args>::validate(&a, &noop), M3QKV_ERROR_INVALID_SHAPE);
+  EXPECT_EQ(validate(&a, &noop), M3QKV_ERROR_INVALID_SHAPE);
 }
 
 }  // namespace

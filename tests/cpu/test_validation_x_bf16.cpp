@@ -4,64 +4,22 @@
 // naming all three), 16-B alignment, the overlap rule with x_bf16 as an input
 // of M·K·2 bytes, the released struct sizes (0.1 and 0.2 read x_bf16 as NULL
 // whatever lies past their end), and the extents checked mode uses.
-//
-// Fake device pointers only (tests/cpu/valid_args.h): a public entry point is
-// called only with arguments validation rejects, so nothing is ever launched.
+// Shared machinery (Api, expect_rejected): validation_cases.h.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
 
-#include "api/internal.h"
-#include "api/extents.h"
-#include "api/validate.h"
-#include "m3qkv/m3qkv.h"
-#include "valid_args.h"
+#include "validation_cases.h"
 
 namespace {
 
-using m3qkv_valid_args::fake;
-
-std::string hex(const void* p) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), "0x%llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
-  return buf;
-}
+using namespace m3qkv_validation;
 
 // M·K·2 bytes of the valid structs (M 7, K 6144).
 constexpr int64_t kXBf16Bytes = 7 * 6144 * 2;
-
-template <class A>
-struct Api;
-template <>
-struct Api<m3qkv_fused_args> {
-  static m3qkv_fused_args valid() { return m3qkv_valid_args::valid_fused(); }
-  static m3qkv_status validate(const m3qkv_fused_args* a, m3qkv_fused_args* out, bool* n) {
-    return m3qkv::validate_fused(a, out, n);
-  }
-  static m3qkv_status call(const m3qkv_fused_args* a) { return m3qkv_fused_qkv(a, nullptr); }
-  static m3qkv_status extents(const m3qkv_fused_args& a, m3qkv::api::Extents* x) {
-    return m3qkv::api::fused_extents(fn, a, x);
-  }
-  static constexpr const char* fn = "m3qkv_fused_qkv";
-  static constexpr size_t kReleased[] = {264, 296};  // 0.1, 0.2 (LP64)
-};
-template <>
-struct Api<m3qkv_gemm_args> {
-  static m3qkv_gemm_args valid() { return m3qkv_valid_args::valid_gemm(); }
-  static m3qkv_status validate(const m3qkv_gemm_args* a, m3qkv_gemm_args* out, bool* n) {
-    return m3qkv::validate_gemm(a, out, n);
-  }
-  static m3qkv_status call(const m3qkv_gemm_args* a) { return m3qkv_mxfp8_gemm(a, nullptr); }
-  static m3qkv_status extents(const m3qkv_gemm_args& a, m3qkv::api::Extents* x) {
-    return m3qkv::api::gemm_extents(fn, a, x);
-  }
-  static constexpr const char* fn = "m3qkv_mxfp8_gemm";
-  static constexpr size_t kReleased[] = {80, 80};  // 0.1 = 0.2 (LP64)
-};
 
 // The valid struct with bf16 activations instead of the MXFP8 ones (slot 8).
 template <class A>
@@ -75,25 +33,10 @@ A valid_x_bf16() {
 
 template <class A>
 m3qkv_status validate(const A& a) {
-  A out;
   bool noop = true;
-  const m3qkv_status st = Api<A>::validate(&a, &out, &noop);
+  const m3qkv_status st = m3qkv_validation::validate(&a, &noop);
   EXPECT_FALSE(noop);
   return st;
-}
-
-// Rejected by validate_* and by the public entry point with `want` and a
-// message opening with the function name and containing every needle.
-template <class A>
-void expect_rejected(const A& a, m3qkv_status want, const std::vector<std::string>& needles) {
-  const m3qkv_status direct = validate(a);
-  ASSERT_NE(direct, M3QKV_SUCCESS) << "accepted by validation";  // never launch on a GPU machine
-  EXPECT_EQ(direct, want) << m3qkv_last_error();
-  const m3qkv_status st = Api<A>::call(&a);
-  const std::string msg = m3qkv_last_error();
-  EXPECT_EQ(st, want) << msg;
-  EXPECT_EQ(msg.rfind(std::string(Api<A>::fn) + ": ", 0), 0u) << msg;
-  for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << "missing '" << n << "' in: " << msg;
 }
 
 template <class A>
@@ -221,14 +164,10 @@ TYPED_TEST(XBf16Validation, OlderStructSizesReadXBf16AsNull) {
     ASSERT_LE(released, offsetof(A, x_bf16));
     A valid = Api<A>::valid();
     valid.x_bf16 = fake(8);  // past `released`: must not be read
-    valid.struct_size = released;
-    std::vector<unsigned char> buf(sizeof(A) + 64, 0xAB);
-    std::memcpy(buf.data(), &valid, sizeof(A));  // x_bf16 lies in memory after the old struct
-    const A* args = reinterpret_cast<const A*>(buf.data());
     A out;
-    std::memset(&out, 0x5C, sizeof(out));
     bool noop = true;
-    ASSERT_EQ(Api<A>::validate(args, &out, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
+    // x_bf16 lies in memory after the old struct
+    ASSERT_EQ(validate_released(valid, released, sizeof(A), &out, &noop), M3QKV_SUCCESS) << m3qkv_last_error();
     EXPECT_FALSE(noop);
     EXPECT_EQ(out.struct_size, sizeof(A));
     EXPECT_EQ(out.x_bf16, nullptr);
