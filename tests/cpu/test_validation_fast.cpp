@@ -9,18 +9,15 @@
 #include <string>
 
 #include "common/layouts.h"
-#include "api/validate.h"
-#include "m3qkv/m3qkv.h"
-#include "valid_args.h"
+#include "validation_cases.h"
 
 namespace {
 
 using m3qkv_valid_args::valid_prepare;
 
 m3qkv_status validate(const m3qkv_fused_args& a) {
-  m3qkv_fused_args out;
   bool noop = false;
-  return m3qkv::validate_fused(&a, &out, &noop);
+  return m3qkv_validation::validate(&a, &noop);
 }
 bool says(const char* what) { return std::string(m3qkv_last_error()).find(what) != std::string::npos; }
 
